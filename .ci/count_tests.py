@@ -1,0 +1,35 @@
+"""Counts test cases from meson's logs: each GoogleTest case is one test (from the JUnit log);
+a meson test that failed without reporting a failing case (a crash, a timeout) counts once more."""
+import json
+import os
+import sys
+import xml.etree.ElementTree as ET
+
+passed = failed = skipped = 0
+for build in sys.argv[1:]:
+    logs = os.path.join(build, "meson-logs")
+    junit, jsonl = os.path.join(logs, "testlog.junit.xml"), os.path.join(logs, "testlog.json")
+    if not os.path.exists(jsonl):
+        continue
+    failing_cases = {}
+    if os.path.exists(junit):
+        for suite in ET.parse(junit).getroot().iter("testsuite"):
+            test = suite.get("name", "").split(".")[1] if "." in suite.get("name", "") else suite.get("name")
+            for case in suite.iter("testcase"):
+                if case.find("failure") is not None or case.find("error") is not None:
+                    failed += 1
+                    failing_cases[test] = failing_cases.get(test, 0) + 1
+                elif case.find("skipped") is not None:
+                    skipped += 1
+                else:
+                    passed += 1
+    with open(jsonl) as f:
+        for line in f:
+            entry = json.loads(line)
+            if entry["result"] in ("FAIL", "TIMEOUT", "ERROR", "UNEXPECTEDPASS") and not failing_cases.get(entry["name"]):
+                failed += 1
+            elif entry["result"] == "SKIP":
+                skipped += 1
+            elif entry["result"] == "OK" and entry.get("protocol") != "gtest" and "fuzz" in entry["name"]:
+                passed += 1
+print(f"{passed} passed, {failed} failed, {skipped} skipped")

@@ -1,0 +1,8 @@
+#pragma once
+// forkpool: the one header a program includes. It only re-exports the layers.
+
+#include "runtime/error.hpp"
+#include "runtime/io.hpp"
+#include "runtime/loop.hpp"
+#include "runtime/task.hpp"
+#include "runtime/when_all.hpp"

@@ -1,0 +1,111 @@
+#pragma once
+// The exceptions forkpool's public API throws (API.md, "Errors"). All derive from Error.
+
+#include <sys/types.h>
+
+#include <cerrno>
+
+#include <stdexcept>
+#include <string>
+
+namespace forkpool {
+
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// The task threw in the worker.
+class RemoteError : public Error {
+ public:
+  RemoteError(std::string type_name, const std::string& message, pid_t worker_pid);
+  const std::string& type_name() const noexcept { return type_name_; }
+  pid_t worker_pid() const noexcept { return worker_pid_; }
+
+ private:
+  std::string type_name_;
+  pid_t worker_pid_;
+};
+
+// The worker running the task died. Exactly one of exit_code() and signal() is meaningful:
+// signal() is 0 when the worker exited, exit_code() is -1 when it was killed by a signal.
+class WorkerLost : public Error {
+ public:
+  WorkerLost(pid_t pid, int exit_code, int signal);
+  pid_t pid() const noexcept { return pid_; }
+  int exit_code() const noexcept { return exit_code_; }
+  int signal() const noexcept { return signal_; }
+
+ private:
+  pid_t pid_;
+  int exit_code_;
+  int signal_;
+};
+
+class PoolClosed : public Error {
+ public:
+  PoolClosed() : Error("forkpool: work was given to a pool after close() or terminate()") {}
+};
+
+class PoolTerminated : public Error {
+ public:
+  PoolTerminated() : Error("forkpool: the work was pending when terminate() ran") {}
+};
+
+class TimeoutError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A message or descriptor that came from another process failed validation.
+class ProtocolError : public Error {
+ public:
+  using Error::Error;
+};
+
+// The peer of a channel is gone (EOF, ECONNRESET, EPIPE): distinct from a malformed message.
+class ChannelClosed : public Error {
+ public:
+  using Error::Error;
+};
+
+// One of the processes started by spawn()/start_processes() threw.
+class ProcessRaisedException : public Error {
+ public:
+  ProcessRaisedException(int rank, pid_t pid, std::string type_name, const std::string& message);
+  int rank() const noexcept { return rank_; }
+  pid_t pid() const noexcept { return pid_; }
+  const std::string& type_name() const noexcept { return type_name_; }
+
+ private:
+  int rank_;
+  pid_t pid_;
+  std::string type_name_;
+};
+
+// One of the processes started by spawn()/start_processes() exited non-zero or was killed.
+class ProcessExitedException : public Error {
+ public:
+  ProcessExitedException(int rank, pid_t pid, int exit_code, int signal);
+  int rank() const noexcept { return rank_; }
+  pid_t pid() const noexcept { return pid_; }
+  int exit_code() const noexcept { return exit_code_; }
+  int signal() const noexcept { return signal_; }
+  // "SIGKILL" and the like; empty when the process exited.
+  std::string signal_name() const;
+
+ private:
+  int rank_;
+  pid_t pid_;
+  int exit_code_;
+  int signal_;
+};
+
+// Throws std::system_error for errno value `error` (positive), naming what failed.
+[[noreturn]] void throw_errno(int error, const char* what);
+[[noreturn]] inline void throw_last_errno(const char* what) { throw_errno(errno, what); }
+
+// The readable, demangled name of a type_info's type.
+std::string demangle(const char* mangled);
+
+}  // namespace forkpool

@@ -1,0 +1,254 @@
+// The event loop on real kernel objects: pipes, socketpairs, timers, fork, epoll embedding.
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstring>
+#include <cstdlib>
+#include <stop_token>
+#include <string>
+#include <vector>
+
+#include "runtime/event.hpp"
+#include "runtime/io.hpp"
+#include "runtime/loop.hpp"
+#include "runtime/unique_fd.hpp"
+#include "runtime/when_all.hpp"
+#include "tests/support.hpp"
+
+namespace forkpool {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct Pipe {
+  UniqueFd read_end, write_end;
+  Pipe() {
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0) std::abort();
+    read_end.reset(fds[0]);
+    write_end.reset(fds[1]);
+  }
+};
+
+std::span<const std::byte> bytes_of(const std::string& s) { return std::as_bytes(std::span(s.data(), s.size())); }
+
+TEST(Loop, UsesTheBackendTheEnvironmentAsksFor) {
+  const char* forced = std::getenv("FORKPOOL_BACKEND");
+  if (!forced) GTEST_SKIP() << "no backend forced";
+  EXPECT_STREQ(Loop::current().backend_name(), forced);
+}
+
+TEST(Loop, ReadsWhatAPipeCarries) {
+  Pipe p;
+  auto body = [&]() -> Task<std::string> {
+    std::string message = "hello";
+    int wrote = co_await async_write(p.write_end.get(), bytes_of(message));
+    EXPECT_EQ(wrote, 5);
+    std::array<std::byte, 16> buffer{};
+    int got = co_await async_read(p.read_end.get(), buffer);
+    co_return std::string(reinterpret_cast<char*>(buffer.data()), got > 0 ? got : 0);
+  };
+  EXPECT_EQ(run(body()), "hello");
+}
+
+TEST(Loop, ResumesAPendingReadWhenAnotherTaskWrites) {
+  Pipe p;
+  std::vector<std::string> order;
+  auto reader = [&]() -> Task<void> {
+    std::array<std::byte, 8> buffer{};
+    int got = co_await async_read(p.read_end.get(), buffer);
+    EXPECT_EQ(got, 1);
+    order.push_back("read");
+  };
+  auto writer = [&]() -> Task<void> {
+    co_await sleep_for(5ms);
+    order.push_back("write");
+    std::string one = "x";
+    co_await async_write(p.write_end.get(), bytes_of(one));
+  };
+  run(when_all(reader(), writer()));
+  EXPECT_EQ(order, (std::vector<std::string>{"write", "read"}));
+}
+
+TEST(Loop, StopTokenCancelsAPendingRead) {
+  Pipe p;
+  std::stop_source source;
+  auto reader = [&]() -> Task<int> {
+    std::array<std::byte, 8> buffer{};
+    co_return co_await async_read(p.read_end.get(), buffer, {.stop = source.get_token()});
+  };
+  auto stopper = [&]() -> Task<void> {
+    co_await sleep_for(5ms);
+    source.request_stop();
+  };
+  auto [result, unused] = run(when_all(reader(), stopper()));
+  EXPECT_EQ(result, -ECANCELED);
+}
+
+TEST(Loop, AStopRequestedBeforehandCompletesAtOnce) {
+  Pipe p;
+  std::stop_source source;
+  source.request_stop();
+  auto reader = [&]() -> Task<int> {
+    std::array<std::byte, 8> buffer{};
+    co_return co_await async_read(p.read_end.get(), buffer, {.stop = source.get_token()});
+  };
+  EXPECT_EQ(run(reader()), -ECANCELED);
+}
+
+TEST(Loop, ADeadlineThatExpiresGivesETimedOut) {
+  Pipe p;
+  auto reader = [&]() -> Task<int> {
+    std::array<std::byte, 8> buffer{};
+    co_return co_await async_read(p.read_end.get(), buffer, {.deadline = Clock::now() + 10ms});
+  };
+  auto started = Clock::now();
+  EXPECT_EQ(run(reader()), -ETIMEDOUT);
+  EXPECT_GE(Clock::now() - started, 10ms);
+}
+
+TEST(Loop, AnOperationThatBeatsItsDeadlineKeepsItsResult) {
+  Pipe p;
+  ASSERT_EQ(write(p.write_end.get(), "abc", 3), 3);
+  auto reader = [&]() -> Task<int> {
+    std::array<std::byte, 8> buffer{};
+    co_return co_await async_read(p.read_end.get(), buffer, {.deadline = Clock::now() + 5s});
+  };
+  auto started = Clock::now();
+  EXPECT_EQ(run(reader()), 3);
+  EXPECT_LT(Clock::now() - started, 1s);  // the pending timer was cancelled, not waited out
+}
+
+TEST(Loop, TenThousandConcurrentOperationsAllComplete) {
+  // Far more than the ring holds: the rest wait in the loop's queue and are submitted later.
+  constexpr int kCount = 10'000;
+  int fds[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, fds), 0);
+  UniqueFd a(fds[0]), b(fds[1]);
+  int received = 0;
+  auto one = [&](int) -> Task<void> {
+    co_await wait_writable(a.get());
+    ++received;
+  };
+  std::vector<Task<void>> tasks;
+  for (int i = 0; i < kCount; ++i) tasks.push_back(one(i));
+  run(when_all(std::move(tasks)));
+  EXPECT_EQ(received, kCount);
+
+  // And the same many timers, resumed in deadline order.
+  std::vector<int> fired;
+  std::vector<Task<void>> timers;
+  auto timer = [&](int i) -> Task<void> {
+    co_await sleep_until(Clock::now() + std::chrono::microseconds((kCount - i) * 2));
+    fired.push_back(i);
+  };
+  for (int i = 0; i < kCount; ++i) timers.push_back(timer(i));
+  run(when_all(std::move(timers)));
+  EXPECT_EQ(fired.size(), static_cast<std::size_t>(kCount));
+}
+
+TEST(Loop, ProcessExitIsSeenThroughAPidfd) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    usleep(20'000);
+    _exit(7);
+  }
+  UniqueFd pidfd(static_cast<int>(syscall(SYS_pidfd_open, pid, 0)));
+  ASSERT_TRUE(pidfd);
+  int events = run([&]() -> Task<int> { co_return co_await wait_process_exit(pidfd.get()); }());
+  EXPECT_TRUE(events & POLLIN);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, WNOHANG), pid);
+  EXPECT_EQ(WEXITSTATUS(status), 7);
+}
+
+TEST(Loop, AForkedChildRunsItsOwnLoop) {
+  // The parent has a loop with a pending operation; the child must not touch it.
+  Pipe p;
+  run(sleep_for(1ms));
+  int status = testing::run_in_child([] {
+    auto body = []() -> Task<int> {
+      co_await sleep_for(2ms);
+      co_return 5;
+    };
+    if (run(body()) != 5) throw std::runtime_error("wrong value in child");
+  });
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_EQ(run([]() -> Task<int> {
+              co_await sleep_for(1ms);
+              co_return 9;
+            }()),
+            9);
+}
+
+TEST(Loop, EmbedsInAHostEpollLoop) {
+  // The host owns the waiting: epoll_wait on Loop::fd(), then run_ready().
+  Loop& loop = Loop::current();
+  UniqueFd host(epoll_create1(EPOLL_CLOEXEC));
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ASSERT_EQ(epoll_ctl(host.get(), EPOLL_CTL_ADD, loop.fd(), &ev), 0);
+
+  Pipe p;
+  bool done = false;
+  std::string got;
+  auto body = [&]() -> Task<void> {
+    co_await sleep_for(5ms);
+    std::array<std::byte, 8> buffer{};
+    int n = co_await async_read(p.read_end.get(), buffer);
+    got.assign(reinterpret_cast<char*>(buffer.data()), n > 0 ? n : 0);
+    done = true;
+  };
+  Task<void> task = body();
+  task.handle().resume();  // the host starts the task itself
+  bool wrote = false;
+  std::size_t handled = 0;
+  for (int rounds = 0; !done && rounds < 1000; ++rounds) {
+    epoll_event out;
+    int n = epoll_wait(host.get(), &out, 1, 1000);
+    if (n < 0 && errno == EINTR) continue;  // io_uring task work interrupts waits, as signals do
+    ASSERT_GE(n, 0) << strerror(errno);
+    if (n == 1) handled += loop.run_ready();
+    if (!wrote) {
+      ASSERT_EQ(write(p.write_end.get(), "hi", 2), 2);
+      wrote = true;
+    }
+  }
+  EXPECT_TRUE(done);
+  EXPECT_EQ(got, "hi");
+  EXPECT_GE(handled, 2u);
+}
+
+TEST(Loop, RunReadyHandlesNothingWhenIdle) { EXPECT_EQ(Loop::current().run_ready(), 0u); }
+
+TEST(Loop, RunReadyFromInsideACoroutineThrows) {
+  auto body = []() -> Task<bool> {
+    try {
+      Loop::current().run_ready();
+    } catch (const std::logic_error&) {
+      co_return true;
+    }
+    co_return false;
+  };
+  EXPECT_TRUE(run(body()));
+}
+
+TEST(Loop, WaitingOnNothingThatCanCompleteIsADeadlockError) {
+  auto body = []() -> Task<void> {
+    Event never;
+    co_await never;
+  };
+  EXPECT_THROW(run(body()), std::logic_error);
+}
+
+}  // namespace
+}  // namespace forkpool

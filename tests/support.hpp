@@ -1,0 +1,20 @@
+#pragma once
+// Helpers for tests that use real processes and descriptors.
+
+#include <sys/types.h>
+
+#include <functional>
+
+namespace forkpool::testing {
+
+// How many descriptors this process has open (counted in /proc/self/fd).
+int open_fd_count();
+
+// Resident set size of this process in KiB (VmRSS in /proc/self/status).
+long rss_kib();
+
+// Runs `body` in a forked child and returns its exit status as waitpid() reports it. The child
+// exits 0 if `body` returns normally, 1 if it throws.
+int run_in_child(const std::function<void()>& body);
+
+}  // namespace forkpool::testing

@@ -1,0 +1,139 @@
+// Task, run and when_all: order of resumption, exceptions, stack depth, nesting.
+
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "runtime/io.hpp"
+#include "runtime/loop.hpp"
+#include "runtime/task.hpp"
+#include "runtime/when_all.hpp"
+
+namespace forkpool {
+namespace {
+
+Task<int> constant(int value) { co_return value; }
+
+Task<int> add_one(int value) { co_return co_await constant(value) + 1; }
+
+TEST(Task, RunReturnsTheValueOfTheAwaitedChain) { EXPECT_EQ(run(add_one(41)), 42); }
+
+TEST(Task, IsLazyUntilAwaited) {
+  bool started = false;
+  auto body = [&]() -> Task<void> {
+    started = true;
+    co_return;
+  };
+  Task<void> task = body();
+  EXPECT_FALSE(started);
+  run(std::move(task));
+  EXPECT_TRUE(started);
+}
+
+Task<int> throws_runtime_error() {
+  throw std::runtime_error("boom");
+  co_return 0;
+}
+
+TEST(Task, ExceptionsPropagateThroughCoAwait) {
+  auto outer = []() -> Task<std::string> {
+    try {
+      co_await throws_runtime_error();
+    } catch (const std::runtime_error& e) {
+      co_return std::string("caught ") + e.what();
+    }
+    co_return "not caught";
+  };
+  EXPECT_EQ(run(outer()), "caught boom");
+  EXPECT_THROW(run(throws_runtime_error()), std::runtime_error);
+}
+
+TEST(Task, AMillionSynchronousAwaitsDoNotGrowTheStack) {
+  auto loop_body = []() -> Task<long> {
+    long sum = 0;
+    for (int i = 0; i < 1'000'000; ++i) sum += co_await constant(1);
+    co_return sum;
+  };
+  EXPECT_EQ(run(loop_body()), 1'000'000);
+}
+
+TEST(Task, ResumesInTheOrderItsTimersFire) {
+  std::vector<int> order;
+  auto after = [&](int ms, int tag) -> Task<void> {
+    co_await sleep_for(std::chrono::milliseconds(ms));
+    order.push_back(tag);
+  };
+  run(when_all(after(30, 3), after(10, 1), after(20, 2)));
+  EXPECT_EQ(order, (std::vector<int>{1, 2, 3}));
+}
+
+TEST(WhenAll, GivesEveryValueInArgumentOrder) {
+  auto [a, b, c] = run(when_all(constant(1), add_one(1), constant(3)));
+  EXPECT_EQ(a, 1);
+  EXPECT_EQ(b, 2);
+  EXPECT_EQ(c, 3);
+}
+
+TEST(WhenAll, OfAVectorGivesValuesInOrder) {
+  std::vector<Task<int>> tasks;
+  for (int i = 0; i < 100; ++i) tasks.push_back(add_one(i));
+  std::vector<int> values = run(when_all(std::move(tasks)));
+  ASSERT_EQ(values.size(), 100u);
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(values[i], i + 1);
+}
+
+TEST(WhenAll, FirstExceptionWinsOnlyAfterAllEnded) {
+  bool slow_finished = false;
+  auto fails_after = [](int ms, std::string what) -> Task<int> {
+    co_await sleep_for(std::chrono::milliseconds(ms));
+    throw std::runtime_error(what);
+  };
+  auto slow = [&]() -> Task<int> {
+    co_await sleep_for(std::chrono::milliseconds(40));
+    slow_finished = true;
+    co_return 1;
+  };
+  try {
+    run(when_all(fails_after(20, "second"), fails_after(5, "first"), slow()));
+    FAIL() << "when_all did not throw";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "first");
+  }
+  EXPECT_TRUE(slow_finished);
+}
+
+TEST(WhenAll, OfVoidTasksCompletes) {
+  int ran = 0;
+  auto bump = [&]() -> Task<void> {
+    ++ran;
+    co_return;
+  };
+  run(when_all(bump(), bump()));
+  EXPECT_EQ(ran, 2);
+}
+
+TEST(Run, CalledFromInsideACoroutineThrowsLogicError) {
+  auto nested = []() -> Task<bool> {
+    try {
+      run(constant(1));
+    } catch (const std::logic_error&) {
+      co_return true;
+    }
+    co_return false;
+  };
+  EXPECT_TRUE(run(nested()));
+}
+
+TEST(Run, AfterANestedFailureTheLoopStillRuns) {
+  auto nested = []() -> Task<void> {
+    EXPECT_THROW(run(constant(1)), std::logic_error);
+    co_await sleep_for(std::chrono::milliseconds(1));
+  };
+  run(nested());
+  EXPECT_EQ(run(constant(5)), 5);
+}
+
+}  // namespace
+}  // namespace forkpool
