@@ -1,6 +1,8 @@
 #pragma once
 // forkpool: the one header a program includes. It only re-exports the layers.
 
+#include "ipc/channel.hpp"
+#include "ipc/codec.hpp"
 #include "runtime/error.hpp"
 #include "runtime/io.hpp"
 #include "runtime/loop.hpp"

@@ -1,0 +1,68 @@
+#include "ipc/channel.hpp"
+
+#include <errno.h>
+#include <sys/socket.h>
+
+#include <string>
+#include <system_error>
+
+#include "runtime/error.hpp"
+
+namespace forkpool {
+namespace {
+
+constexpr int kSendFlags = MSG_NOSIGNAL;
+constexpr int kReceiveFlags = MSG_CMSG_CLOEXEC;
+
+void check_sent(long result, const OutgoingFrame& frame) {
+  if (result >= 0) {
+    if (static_cast<std::size_t>(result) != frame.size()) throw Error("forkpool: short send of a frame");
+    return;
+  }
+  int error = static_cast<int>(-result);
+  if (error == EPIPE || error == ECONNRESET || error == ENOTCONN)
+    throw ChannelClosed(std::string("forkpool: the peer is gone (") + strerrorname_np(error) + ")");
+  throw std::system_error(error, std::generic_category(), "forkpool: sendmsg");
+}
+
+}  // namespace
+
+std::pair<Channel, Channel> Channel::make_pair() {
+  int fds[2];
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, fds) < 0) throw_last_errno("forkpool: socketpair");
+  return {Channel(UniqueFd(fds[0])), Channel(UniqueFd(fds[1]))};
+}
+
+void Channel::send(std::uint16_t kind, std::uint64_t request_id, std::span<const std::byte> payload,
+                   std::span<const UniqueFd> fds) {
+  OutgoingFrame frame(kind, request_id, payload, fds);
+  long rc;
+  do rc = ::sendmsg(fd_.get(), frame.message(), kSendFlags);
+  while (rc < 0 && errno == EINTR);
+  check_sent(rc < 0 ? -errno : rc, frame);
+}
+
+Message Channel::receive() {
+  long rc;
+  do rc = ::recvmsg(fd_.get(), receiver_->prepare(), kReceiveFlags);
+  while (rc < 0 && errno == EINTR);
+  return receiver_->finish(rc < 0 ? -errno : rc);
+}
+
+Task<void> Channel::async_send(std::uint16_t kind, std::uint64_t request_id, std::span<const std::byte> payload,
+                               std::span<const UniqueFd> fds, IoOptions options) {
+  OutgoingFrame frame(kind, request_id, payload, fds);
+  int rc = co_await async_sendmsg(fd_.get(), frame.message(), kSendFlags, options);
+  check_sent(rc, frame);
+}
+
+Task<Message> Channel::async_receive(IoOptions options) {
+  int rc = co_await async_recvmsg(fd_.get(), receiver_->prepare(), kReceiveFlags, options);
+  if (rc == -ECANCELED || rc == -ETIMEDOUT) throw std::system_error(-rc, std::generic_category(), "forkpool: receive");
+  co_return receiver_->finish(rc);
+}
+
+void Channel::shutdown_write() noexcept { ::shutdown(fd_.get(), SHUT_WR); }
+void Channel::shutdown_read() noexcept { ::shutdown(fd_.get(), SHUT_RD); }
+
+}  // namespace forkpool

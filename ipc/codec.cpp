@@ -1,0 +1,32 @@
+#include "ipc/codec.hpp"
+
+#include <fcntl.h>
+
+namespace forkpool {
+
+std::uint32_t Writer::attach_fd(int fd) {
+  int copy = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (copy < 0) throw_last_errno("forkpool: attaching a descriptor (F_DUPFD_CLOEXEC)");
+  fds_.emplace_back(copy);
+  return static_cast<std::uint32_t>(fds_.size() - 1);
+}
+
+std::size_t Reader::read_count(std::size_t min_element_size, const char* what) {
+  auto count = read<std::uint64_t>();
+  if (min_element_size > 0 && count > remaining() / min_element_size)
+    fail(std::string(what) + " claims " + std::to_string(count) + " elements but only " +
+         std::to_string(remaining()) + " bytes remain");
+  return static_cast<std::size_t>(count);
+}
+
+UniqueFd Reader::take_fd(std::uint32_t index) {
+  if (index >= fds_.size()) fail("descriptor index " + std::to_string(index) + " but the message carries " + std::to_string(fds_.size()));
+  if (!fds_[index]) fail("descriptor " + std::to_string(index) + " is used twice");
+  return std::move(fds_[index]);
+}
+
+void Reader::fail(const std::string& what) const {
+  throw ProtocolError("forkpool: malformed message at byte " + std::to_string(offset_) + ": " + what);
+}
+
+}  // namespace forkpool

@@ -1,0 +1,342 @@
+#pragma once
+// codec<T>: how a value crosses between processes. Writer appends bytes (and attaches
+// descriptors); Reader takes them apart and never trusts them: every length is checked against
+// what remains before anything is allocated, tags and indices are range-checked, and every
+// failure is a ProtocolError saying what was wrong and where.
+//
+// Built in: arithmetic types, enums, std::string, std::vector, std::array, std::pair,
+// std::tuple, std::optional, std::variant, std::map, std::unordered_map, std::monostate, and
+// trivially copyable aggregates without pointers. A user type opts in with
+//   template <> struct forkpool::codec<MyType> {
+//     static void encode(forkpool::Writer&, const MyType&);
+//     static MyType decode(forkpool::Reader&);
+//   };
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "runtime/error.hpp"
+#include "runtime/unique_fd.hpp"
+
+namespace forkpool {
+
+template <class T>
+struct codec;
+
+// The valid range of an enum's values, for decoding. Specialize with `min` and `max` to have
+// out-of-range values rejected; without it any value of the underlying type is accepted.
+template <class E>
+struct enum_bounds {};
+
+class Writer {
+ public:
+  void write_bytes(const void* data, std::size_t size) {
+    auto* p = static_cast<const std::byte*>(data);
+    bytes_.insert(bytes_.end(), p, p + size);
+  }
+  template <class T>
+  void write(const T& value) {
+    codec<std::remove_cvref_t<T>>::encode(*this, value);
+  }
+  void write_size(std::uint64_t count) { write_bytes(&count, sizeof count); }
+
+  // Attaches a duplicate of `fd` (the message owns its copy, so the caller's object may go
+  // away before the message is sent); returns its index among the message's descriptors.
+  std::uint32_t attach_fd(int fd);
+
+  std::span<const std::byte> bytes() const noexcept { return bytes_; }
+  std::vector<std::byte>& buffer() noexcept { return bytes_; }
+  std::vector<UniqueFd>& fds() noexcept { return fds_; }
+
+ private:
+  std::vector<std::byte> bytes_;
+  std::vector<UniqueFd> fds_;
+};
+
+class Reader {
+ public:
+  explicit Reader(std::span<const std::byte> bytes, std::span<UniqueFd> fds = {}) noexcept
+      : bytes_(bytes), fds_(fds) {}
+
+  void read_bytes(void* out, std::size_t size) {
+    if (size > remaining()) fail("needed " + std::to_string(size) + " bytes, " + std::to_string(remaining()) + " remain");
+    std::memcpy(out, bytes_.data() + offset_, size);
+    offset_ += size;
+  }
+  template <class T>
+  T read() {
+    return codec<T>::decode(*this);
+  }
+  // A count of elements that take at least `min_element_size` bytes each: checked against
+  // what remains, so a lying count never causes a large allocation.
+  std::size_t read_count(std::size_t min_element_size, const char* what);
+  // The descriptor attached at `index`; each may be taken once.
+  UniqueFd take_fd(std::uint32_t index);
+
+  std::size_t remaining() const noexcept { return bytes_.size() - offset_; }
+  std::size_t offset() const noexcept { return offset_; }
+  // Trailing bytes are an error.
+  void expect_end() const {
+    if (remaining() != 0) fail(std::to_string(remaining()) + " unexpected trailing bytes");
+  }
+  [[noreturn]] void fail(const std::string& what) const;
+
+ private:
+  std::span<const std::byte> bytes_;
+  std::span<UniqueFd> fds_;
+  std::size_t offset_ = 0;
+};
+
+// Encodes `value` alone into a fresh Writer.
+template <class T>
+Writer encode(const T& value) {
+  Writer w;
+  w.write(value);
+  return w;
+}
+
+// Decodes a whole message as one T; trailing bytes are an error.
+template <class T>
+T decode(std::span<const std::byte> bytes, std::span<UniqueFd> fds = {}) {
+  Reader r(bytes, fds);
+  T value = r.read<T>();
+  r.expect_end();
+  return value;
+}
+
+// The fewest bytes any T encodes to: how counts are bounded before allocating.
+template <class T>
+constexpr std::size_t min_encoded_size() {
+  if constexpr (requires { codec<T>::min_size; }) {
+    return codec<T>::min_size;
+  } else {
+    return 1;
+  }
+}
+
+namespace detail {
+
+template <class T>
+inline constexpr bool is_std_array_v = false;
+template <class T, std::size_t N>
+inline constexpr bool is_std_array_v<std::array<T, N>> = true;
+
+template <class T>
+concept Bitwise = std::is_arithmetic_v<T> && !std::is_same_v<T, bool>;
+
+// Trivially copyable aggregates travel as their bytes. (Pointers inside would be meaningless in
+// another process: such types need a codec of their own.)
+template <class T>
+concept PlainAggregate = std::is_trivially_copyable_v<T> && std::is_aggregate_v<T> && std::is_class_v<T> &&
+                         !is_std_array_v<T> && !std::is_empty_v<T>;
+
+template <class Map>
+struct MapCodec {
+  using K = typename Map::key_type;
+  using V = typename Map::mapped_type;
+  static constexpr std::size_t min_size = sizeof(std::uint64_t);
+  static void encode(Writer& w, const Map& map) {
+    w.write_size(map.size());
+    for (const auto& [key, value] : map) {
+      w.write(key);
+      w.write(value);
+    }
+  }
+  static Map decode(Reader& r) {
+    std::size_t count = r.read_count(min_encoded_size<K>() + min_encoded_size<V>(), "map");
+    Map map;
+    for (std::size_t i = 0; i < count; ++i) {
+      K key = r.read<K>();
+      V value = r.read<V>();
+      if (!map.emplace(std::move(key), std::move(value)).second) r.fail("map has a duplicate key");
+    }
+    return map;
+  }
+};
+
+}  // namespace detail
+
+template <class T>
+  requires detail::Bitwise<T>
+struct codec<T> {
+  static constexpr std::size_t min_size = sizeof(T);
+  static void encode(Writer& w, T value) { w.write_bytes(&value, sizeof value); }
+  static T decode(Reader& r) {
+    T value;
+    r.read_bytes(&value, sizeof value);
+    return value;
+  }
+};
+
+template <>
+struct codec<bool> {
+  static constexpr std::size_t min_size = 1;
+  static void encode(Writer& w, bool value) { w.write(static_cast<std::uint8_t>(value)); }
+  static bool decode(Reader& r) {
+    auto byte = r.read<std::uint8_t>();
+    if (byte > 1) r.fail("bool is " + std::to_string(byte));
+    return byte == 1;
+  }
+};
+
+template <class E>
+  requires std::is_enum_v<E>
+struct codec<E> {
+  using U = std::underlying_type_t<E>;
+  static constexpr std::size_t min_size = sizeof(U);
+  static void encode(Writer& w, E value) { w.write(static_cast<U>(value)); }
+  static E decode(Reader& r) {
+    U raw = r.read<U>();
+    if constexpr (requires { enum_bounds<E>::min; }) {
+      if (raw < static_cast<U>(enum_bounds<E>::min) || raw > static_cast<U>(enum_bounds<E>::max))
+        r.fail("enum value " + std::to_string(raw) + " is out of range");
+    }
+    return static_cast<E>(raw);
+  }
+};
+
+template <>
+struct codec<std::monostate> {
+  static constexpr std::size_t min_size = 0;
+  static void encode(Writer&, std::monostate) {}
+  static std::monostate decode(Reader&) { return {}; }
+};
+
+template <>
+struct codec<std::string> {
+  static constexpr std::size_t min_size = sizeof(std::uint64_t);
+  static void encode(Writer& w, const std::string& s) {
+    w.write_size(s.size());
+    w.write_bytes(s.data(), s.size());
+  }
+  static std::string decode(Reader& r) {
+    std::string s(r.read_count(1, "string"), '\0');
+    r.read_bytes(s.data(), s.size());
+    return s;
+  }
+};
+
+template <class T, class A>
+struct codec<std::vector<T, A>> {
+  static constexpr std::size_t min_size = sizeof(std::uint64_t);
+  static void encode(Writer& w, const std::vector<T, A>& v) {
+    w.write_size(v.size());
+    if constexpr (detail::Bitwise<T>) {
+      w.write_bytes(v.data(), v.size() * sizeof(T));
+    } else {
+      for (const auto& element : v) w.write(static_cast<const T&>(element));
+    }
+  }
+  static std::vector<T, A> decode(Reader& r) {
+    std::size_t count = r.read_count(std::max<std::size_t>(min_encoded_size<T>(), 1), "vector");
+    std::vector<T, A> v;
+    if constexpr (detail::Bitwise<T>) {
+      v.resize(count);
+      r.read_bytes(v.data(), count * sizeof(T));
+    } else {
+      v.reserve(count);
+      for (std::size_t i = 0; i < count; ++i) v.push_back(r.read<T>());
+    }
+    return v;
+  }
+};
+
+template <class T, std::size_t N>
+struct codec<std::array<T, N>> {
+  static constexpr std::size_t min_size = N * min_encoded_size<T>();
+  static void encode(Writer& w, const std::array<T, N>& a) {
+    for (const auto& element : a) w.write(element);
+  }
+  static std::array<T, N> decode(Reader& r) {
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return std::array<T, N>{((void)I, r.read<T>())...};
+    }(std::make_index_sequence<N>{});
+  }
+};
+
+template <class A, class B>
+struct codec<std::pair<A, B>> {
+  static constexpr std::size_t min_size = min_encoded_size<A>() + min_encoded_size<B>();
+  static void encode(Writer& w, const std::pair<A, B>& p) {
+    w.write(p.first);
+    w.write(p.second);
+  }
+  static std::pair<A, B> decode(Reader& r) {
+    A first = r.read<A>();
+    B second = r.read<B>();
+    return {std::move(first), std::move(second)};
+  }
+};
+
+template <class... Ts>
+struct codec<std::tuple<Ts...>> {
+  static constexpr std::size_t min_size = (std::size_t{0} + ... + min_encoded_size<Ts>());
+  static void encode(Writer& w, const std::tuple<Ts...>& t) {
+    std::apply([&](const auto&... element) { (w.write(element), ...); }, t);
+  }
+  static std::tuple<Ts...> decode(Reader& r) {
+    // Braced initialization evaluates left to right, as the elements were written.
+    return std::tuple<Ts...>{r.read<Ts>()...};
+  }
+};
+
+template <class T>
+struct codec<std::optional<T>> {
+  static constexpr std::size_t min_size = 1;
+  static void encode(Writer& w, const std::optional<T>& o) {
+    w.write(o.has_value());
+    if (o) w.write(*o);
+  }
+  static std::optional<T> decode(Reader& r) {
+    if (!r.read<bool>()) return std::nullopt;
+    return r.read<T>();
+  }
+};
+
+template <class... Ts>
+struct codec<std::variant<Ts...>> {
+  static constexpr std::size_t min_size = sizeof(std::uint32_t);
+  static void encode(Writer& w, const std::variant<Ts...>& v) {
+    w.write(static_cast<std::uint32_t>(v.index()));
+    std::visit([&](const auto& alternative) { w.write(alternative); }, v);
+  }
+  static std::variant<Ts...> decode(Reader& r) {
+    auto index = r.read<std::uint32_t>();
+    if (index >= sizeof...(Ts)) r.fail("variant index " + std::to_string(index) + " is out of range");
+    using Decoder = std::variant<Ts...> (*)(Reader&);
+    static constexpr Decoder decoders[] = {
+        +[](Reader& rr) { return std::variant<Ts...>(std::in_place_type<Ts>, rr.read<Ts>()); }...};
+    return decoders[index](r);
+  }
+};
+
+template <class K, class V, class C, class A>
+struct codec<std::map<K, V, C, A>> : detail::MapCodec<std::map<K, V, C, A>> {};
+template <class K, class V, class H, class E, class A>
+struct codec<std::unordered_map<K, V, H, E, A>> : detail::MapCodec<std::unordered_map<K, V, H, E, A>> {};
+
+template <class T>
+  requires detail::PlainAggregate<T>
+struct codec<T> {
+  static constexpr std::size_t min_size = sizeof(T);
+  static void encode(Writer& w, const T& value) { w.write_bytes(&value, sizeof value); }
+  static T decode(Reader& r) {
+    T value;
+    r.read_bytes(&value, sizeof value);
+    return value;
+  }
+};
+
+}  // namespace forkpool

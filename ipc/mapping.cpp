@@ -1,0 +1,22 @@
+#include "ipc/mapping.hpp"
+
+#include <sys/mman.h>
+
+#include "runtime/error.hpp"
+
+namespace forkpool {
+
+Mapping Mapping::map(int fd, std::size_t size, int protection, off_t offset) {
+  if (size == 0) return {};
+  void* address = mmap(nullptr, size, protection, MAP_SHARED, fd, offset);
+  if (address == MAP_FAILED) throw_last_errno("mmap");
+  return Mapping(address, size);
+}
+
+void Mapping::reset() noexcept {
+  if (address_) munmap(address_, size_);
+  address_ = nullptr;
+  size_ = 0;
+}
+
+}  // namespace forkpool

@@ -1,0 +1,44 @@
+#pragma once
+// Mapping: sole owner of one mmap()ed region; unmaps it exactly once.
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <span>
+#include <utility>
+
+namespace forkpool {
+
+class Mapping {
+ public:
+  Mapping() noexcept = default;
+  // Maps `size` bytes of `fd` from `offset`, shared. A size of 0 gives an empty mapping.
+  // Throws std::system_error when mmap fails.
+  static Mapping map(int fd, std::size_t size, int protection, off_t offset = 0);
+
+  Mapping(Mapping&& other) noexcept
+      : address_(std::exchange(other.address_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+  Mapping& operator=(Mapping&& other) noexcept {
+    if (this != &other) {
+      reset();
+      address_ = std::exchange(other.address_, nullptr);
+      size_ = std::exchange(other.size_, 0);
+    }
+    return *this;
+  }
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  ~Mapping() { reset(); }
+
+  std::byte* data() const noexcept { return static_cast<std::byte*>(address_); }
+  std::size_t size() const noexcept { return size_; }
+  std::span<std::byte> bytes() const noexcept { return {data(), size_}; }
+  void reset() noexcept;
+
+ private:
+  Mapping(void* address, std::size_t size) noexcept : address_(address), size_(size) {}
+  void* address_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+}  // namespace forkpool

@@ -1,0 +1,68 @@
+#include "ipc/memfd.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <string>
+
+#include "ipc/mapping.hpp"
+#include "runtime/error.hpp"
+
+#ifndef MFD_NOEXEC_SEAL
+#define MFD_NOEXEC_SEAL 0x0008U
+#endif
+
+namespace forkpool {
+namespace {
+// MFD_NOEXEC_SEAL came with Linux 6.3; older kernels reject the flag, so learn once.
+std::atomic<bool> g_noexec_seal_known_missing{false};
+}  // namespace
+
+UniqueFd create_memfd(const char* name, std::size_t size) {
+  unsigned flags = MFD_CLOEXEC | MFD_ALLOW_SEALING;
+  int fd = -1;
+  if (!g_noexec_seal_known_missing.load(std::memory_order_relaxed)) {
+    fd = memfd_create(name, flags | MFD_NOEXEC_SEAL);
+    if (fd < 0 && errno == EINVAL) g_noexec_seal_known_missing.store(true, std::memory_order_relaxed);
+  }
+  if (fd < 0) fd = memfd_create(name, flags);
+  if (fd < 0) throw_last_errno("memfd_create");
+  UniqueFd owned(fd);
+  if (ftruncate(fd, static_cast<off_t>(size)) < 0) throw_last_errno("ftruncate(memfd)");
+  return owned;
+}
+
+void seal_size(int fd) {
+  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) throw_last_errno("F_ADD_SEALS");
+}
+
+UniqueFd sealed_memfd_with(const char* name, std::span<const std::byte> bytes) {
+  UniqueFd fd = create_memfd(name, bytes.size());
+  {
+    Mapping map = Mapping::map(fd.get(), bytes.size(), PROT_READ | PROT_WRITE);
+    if (!bytes.empty()) std::memcpy(map.data(), bytes.data(), bytes.size());
+  }
+  seal_size(fd.get());
+  return fd;
+}
+
+std::size_t check_sealed_memfd(int fd, std::size_t min_size, const char* what) {
+  int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0)
+    throw ProtocolError(std::string(what) + ": descriptor is not a memfd (F_GET_SEALS: " + strerror(errno) + ")");
+  if ((seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW))
+    throw ProtocolError(std::string(what) + ": memfd is not sealed against shrinking and growing");
+  struct stat st {};
+  if (fstat(fd, &st) < 0) throw ProtocolError(std::string(what) + ": fstat failed: " + strerror(errno));
+  auto size = static_cast<std::size_t>(st.st_size);
+  if (size < min_size)
+    throw ProtocolError(std::string(what) + ": memfd holds " + std::to_string(size) + " bytes, " +
+                        std::to_string(min_size) + " were claimed");
+  return size;
+}
+
+}  // namespace forkpool
