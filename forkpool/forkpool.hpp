@@ -3,8 +3,11 @@
 
 #include "ipc/channel.hpp"
 #include "ipc/codec.hpp"
+#include "runtime/async_result.hpp"
 #include "runtime/error.hpp"
 #include "runtime/io.hpp"
 #include "runtime/loop.hpp"
+#include "runtime/pool.hpp"
+#include "runtime/stream.hpp"
 #include "runtime/task.hpp"
 #include "runtime/when_all.hpp"

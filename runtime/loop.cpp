@@ -10,6 +10,7 @@
 #include <mutex>
 #include <vector>
 
+#include "runtime/async_result.hpp"
 #include "runtime/error.hpp"
 
 namespace forkpool {
@@ -141,3 +142,34 @@ void Loop::finish_lingering() {
 }
 
 }  // namespace forkpool
+
+namespace forkpool::detail {
+
+bool drive_loop_until(const std::function<bool()>& ready, std::optional<std::chrono::nanoseconds> timeout,
+                      const char* who) {
+  if (ready()) return true;
+  Loop& loop = Loop::current();
+  Loop::DriveGuard guard(loop, who);
+  if (!timeout) {
+    loop.drive_until(ready);
+    return true;
+  }
+  // A timer on the loop wakes the wait when the timeout passes.
+  bool timer_done = false;
+  Operation timer;
+  timer.kind = OpKind::timeout;
+  timer.context = &timer_done;
+  timer.on_complete = [](Operation* op, int) { *static_cast<bool*>(op->context) = true; };
+  auto deadline = std::chrono::steady_clock::now() + *timeout;
+  auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(deadline.time_since_epoch()).count();
+  timer.deadline = {ns / 1'000'000'000, ns % 1'000'000'000};
+  loop.start(&timer);
+  loop.drive_until([&] { return timer_done || ready(); });
+  if (!timer_done) {
+    loop.cancel(&timer);
+    loop.drive_until([&] { return timer_done; });  // the timer lives on this stack
+  }
+  return ready();
+}
+
+}  // namespace forkpool::detail

@@ -27,6 +27,16 @@ long rss_kib() {
   return -1;
 }
 
+bool process_alive(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text;
+  if (!std::getline(stat, text)) return false;
+  auto close_paren = text.rfind(')');
+  if (close_paren == std::string::npos || close_paren + 2 >= text.size()) return false;
+  char state = text[close_paren + 2];
+  return state != 'Z' && state != 'X';
+}
+
 int run_in_child(const std::function<void()>& body) {
   pid_t pid = fork();
   if (pid == 0) {

@@ -1,0 +1,274 @@
+#include "runtime/pool_core.hpp"
+
+#include <unistd.h>
+
+#include <csignal>
+#include <stdexcept>
+#include <string>
+
+#include "runtime/detached.hpp"
+#include "runtime/error.hpp"
+#include "runtime/io.hpp"
+#include "runtime/loop.hpp"
+#include "runtime/wire.hpp"
+
+namespace forkpool::detail {
+namespace {
+
+// Jobs a worker holds at once: the one it runs and the next, so it never waits for the parent.
+constexpr std::size_t kJobsPerWorker = 2;
+
+int default_processes() {
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  return cpus > 0 ? static_cast<int>(cpus) : 1;
+}
+
+std::unique_ptr<Launcher> make_launcher(const PoolOptions& options) {
+  WorkerSpec spec{options.maxtasksperchild, options.initializer};
+  switch (options.start_method) {
+    case StartMethod::fork: return make_fork_launcher(std::move(spec));
+    case StartMethod::forkserver: return make_fork_server_launcher(std::move(spec));
+    case StartMethod::spawn: break;
+  }
+  throw std::invalid_argument("forkpool: StartMethod::spawn is not supported yet; use fork or forkserver");
+}
+
+}  // namespace
+
+struct PoolCore::Worker {
+  int index = 0;
+  SpawnedWorker process;
+  std::optional<Channel> channel;
+  std::map<std::uint64_t, std::shared_ptr<Job>> in_flight;  // by request id
+  int assigned = 0;
+  bool retiring = false;        // takes no more jobs (maxtasksperchild reached)
+  bool write_closed = false;    // told to exit once idle
+  bool lingering = false;       // counted in the loop's lingering work
+  std::exception_ptr failure;   // why its jobs fail, if not WorkerLost
+  ExitStatus status;
+  Event exited;
+};
+
+std::shared_ptr<PoolCore> PoolCore::create(PoolOptions options) {
+  std::shared_ptr<PoolCore> core(new PoolCore(std::move(options)));
+  core->start_workers();
+  return core;
+}
+
+PoolCore::PoolCore(PoolOptions options)
+    : options_(std::move(options)), processes_(options_.processes > 0 ? options_.processes : default_processes()) {
+  if (options_.processes < 0) throw std::invalid_argument("forkpool: PoolOptions::processes must be >= 0");
+  if (options_.maxtasksperchild < 0) throw std::invalid_argument("forkpool: PoolOptions::maxtasksperchild must be >= 0");
+  if (options_.max_retries < 0) throw std::invalid_argument("forkpool: PoolOptions::max_retries must be >= 0");
+}
+
+PoolCore::~PoolCore() = default;
+
+void PoolCore::start_workers() {
+  launcher_ = make_launcher(options_);
+  for (int i = 0; i < processes_; ++i) spawn_worker();
+}
+
+void PoolCore::spawn_worker() {
+  auto [ours, theirs] = Channel::make_pair();
+  auto worker = std::make_shared<Worker>();
+  worker->index = next_worker_index_++;
+  worker->process = launcher_->spawn(worker->index, theirs.release());
+  worker->channel.emplace(ours.release());
+  workers_.push_back(worker);
+  spawn_detached(serve(worker));
+  spawn_detached(watch(worker));
+}
+
+void PoolCore::submit(std::shared_ptr<Job> job) {
+  if (closed_) throw PoolClosed();
+  queue_.push_back(std::move(job));
+  dispatch();
+}
+
+std::shared_ptr<PoolCore::Worker> PoolCore::pick_worker() {
+  std::shared_ptr<Worker> best;
+  for (auto& w : workers_) {
+    if (w->retiring || w->write_closed || w->failure || w->exited.is_set()) continue;
+    if (w->in_flight.size() >= kJobsPerWorker) continue;
+    if (!best || w->in_flight.size() < best->in_flight.size()) best = w;
+  }
+  return best;
+}
+
+void PoolCore::dispatch() {
+  if (terminated_) return;
+  while (!queue_.empty()) {
+    std::shared_ptr<Worker> worker = pick_worker();
+    if (!worker) break;
+    std::shared_ptr<Job> job = std::move(queue_.front());
+    queue_.pop_front();
+    std::uint64_t id = ++next_request_id_;
+    worker->in_flight.emplace(id, job);
+    if (options_.maxtasksperchild > 0 && ++worker->assigned >= options_.maxtasksperchild) worker->retiring = true;
+    spawn_detached(send(std::move(worker), std::move(job), id));
+  }
+  if (closed_)
+    for (auto& w : workers_) retire_if_idle(*w);
+}
+
+void PoolCore::retire_if_idle(Worker& worker) {
+  if (!closed_ || !queue_.empty() || !worker.in_flight.empty() || worker.write_closed) return;
+  worker.write_closed = true;
+  worker.channel->shutdown_write();  // the worker sees end-of-file and exits
+}
+
+Task<void> PoolCore::send(std::shared_ptr<Worker> worker, std::shared_ptr<Job> job, std::uint64_t id) {
+  std::exception_ptr send_error;
+  try {
+    co_await worker->channel->async_send(kTaskMessage, id, job->payload, job->fds);
+  } catch (const ChannelClosed&) {
+    // The worker died: its death fails or retries this job.
+  } catch (...) {
+    send_error = std::current_exception();
+  }
+  if (!send_error) co_return;
+  // The job could not be sent (a descriptor limit, say): it fails alone, the worker carries on.
+  auto it = worker->in_flight.find(id);
+  if (it == worker->in_flight.end()) co_return;
+  worker->in_flight.erase(it);
+  job->sink->chunk_failed(job->chunk, send_error);
+  dispatch();
+}
+
+Task<void> PoolCore::serve(std::shared_ptr<Worker> worker) {
+  auto self = shared_from_this();  // the core outlives every coroutine that uses it
+  for (;;) {
+    std::optional<Message> message;
+    try {
+      message.emplace(co_await worker->channel->async_receive());
+    } catch (const ChannelClosed&) {
+      break;
+    } catch (...) {
+      // A malformed frame: this worker cannot be trusted any more.
+      if (!worker->failure) worker->failure = std::current_exception();
+      send_signal(worker->process.pidfd.get(), SIGKILL);
+      continue;  // read on until end-of-file
+    }
+    handle_reply(*worker, *message);
+  }
+  co_await worker->exited;
+  on_worker_gone(worker);
+}
+
+void PoolCore::handle_reply(Worker& worker, Message& message) {
+  auto it = worker.in_flight.find(message.request_id);
+  if (it == worker.in_flight.end()) {
+    if (!worker.failure)
+      worker.failure = std::make_exception_ptr(ProtocolError(
+          "forkpool: worker " + std::to_string(worker.process.pid) + " answered unknown request " +
+          std::to_string(message.request_id)));
+    send_signal(worker.process.pidfd.get(), SIGKILL);
+    return;
+  }
+  std::shared_ptr<Job> job = std::move(it->second);
+  worker.in_flight.erase(it);
+  try {
+    if (message.kind == kResultMessage) {
+      Reader results = message.reader();
+      job->sink->chunk_done(job->chunk, results);
+    } else if (message.kind == kErrorMessage) {
+      auto [type, text] = decode<std::pair<std::string, std::string>>(message.payload.bytes());
+      job->sink->chunk_failed(job->chunk, std::make_exception_ptr(RemoteError(type, text, worker.process.pid)));
+    } else {
+      throw ProtocolError("forkpool: worker sent a message of unknown kind " + std::to_string(message.kind));
+    }
+  } catch (...) {
+    job->sink->chunk_failed(job->chunk, std::current_exception());
+  }
+  dispatch();
+  retire_if_idle(worker);
+}
+
+Task<void> PoolCore::watch(std::shared_ptr<Worker> worker) {
+  auto self = shared_from_this();
+  co_await wait_process_exit(worker->process.pidfd.get());
+  worker->status = launcher_->reap(worker->process);
+  // Whatever the worker sent before dying is still read; then the reader sees end-of-file even
+  // if a grandchild kept the worker's end of the socket open.
+  worker->channel->shutdown_read();
+  worker->exited.set();
+}
+
+void PoolCore::on_worker_gone(const std::shared_ptr<Worker>& worker) {
+  std::erase(workers_, worker);
+  if (worker->lingering) Loop::current().end_lingering();
+
+  std::vector<std::pair<std::shared_ptr<Job>, std::exception_ptr>> failed;
+  std::exception_ptr lost =
+      worker->failure ? worker->failure
+                      : std::make_exception_ptr(WorkerLost(worker->process.pid, worker->status.exit_code, worker->status.signal));
+  std::deque<std::shared_ptr<Job>> retries;
+  for (auto& [id, job] : worker->in_flight) {
+    if (terminated_) {
+      failed.emplace_back(job, std::make_exception_ptr(PoolTerminated()));
+    } else if (!worker->failure && job->attempts < options_.max_retries) {
+      ++job->attempts;
+      retries.push_back(job);
+    } else {
+      failed.emplace_back(job, lost);
+    }
+  }
+  worker->in_flight.clear();
+  queue_.insert(queue_.begin(), retries.begin(), retries.end());
+
+  if (!terminated_ && (!closed_ || !queue_.empty())) {
+    try {
+      spawn_worker();
+      if (closed_) {
+        workers_.back()->lingering = true;
+        Loop::current().add_lingering();
+      }
+    } catch (...) {
+      if (workers_.empty()) fail_queue(std::current_exception());
+    }
+  }
+  dispatch();
+  bool last = workers_.empty() && closed_;
+  for (auto& [job, error] : failed) job->sink->chunk_failed(job->chunk, error);
+  if (last) all_exited_.set();
+}
+
+void PoolCore::fail_queue(const std::exception_ptr& error) {
+  auto jobs = std::exchange(queue_, {});
+  for (auto& job : jobs) job->sink->chunk_failed(job->chunk, error);
+}
+
+void PoolCore::close() {
+  if (closed_) return;
+  closed_ = true;
+  for (auto& w : workers_) {
+    w->lingering = true;
+    Loop::current().add_lingering();
+  }
+  for (auto& w : workers_) retire_if_idle(*w);
+  if (workers_.empty()) all_exited_.set();
+}
+
+void PoolCore::terminate() {
+  if (terminated_) return;
+  close();
+  terminated_ = true;
+  fail_queue(std::make_exception_ptr(PoolTerminated()));
+  for (auto& w : workers_) send_signal(w->process.pidfd.get(), SIGKILL);
+}
+
+Task<void> PoolCore::join() {
+  if (!closed_) throw std::logic_error("forkpool: Pool::join() called before close() or terminate()");
+  auto self = shared_from_this();
+  co_await all_exited_;
+}
+
+std::vector<pid_t> PoolCore::worker_pids() const {
+  std::vector<pid_t> pids;
+  for (auto& w : workers_)
+    if (!w->exited.is_set()) pids.push_back(w->process.pid);
+  return pids;
+}
+
+}  // namespace forkpool::detail

@@ -1,0 +1,113 @@
+#include "runtime/process.hpp"
+
+#include <dirent.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "runtime/error.hpp"
+
+#ifndef P_PIDFD
+#define P_PIDFD 3
+#endif
+
+namespace forkpool::detail {
+namespace {
+
+void close_all_from(int first) noexcept {
+  if (syscall(SYS_close_range, first, ~0U, 0) == 0) return;
+  // Kernels before 5.9: walk /proc/self/fd.
+  std::vector<int> open;
+  if (DIR* dir = opendir("/proc/self/fd")) {
+    while (dirent* entry = readdir(dir)) {
+      int fd = atoi(entry->d_name);
+      if (entry->d_name[0] != '.' && fd >= first && fd != dirfd(dir)) open.push_back(fd);
+    }
+    closedir(dir);
+  }
+  for (int fd : open) close(fd);
+}
+
+// Overwrites the argument area so that ps shows `name` in full (comm is cut at 15 characters).
+void set_cmdline(const std::string& name) noexcept {
+  std::ifstream stat_file("/proc/self/stat");
+  std::string stat((std::istreambuf_iterator<char>(stat_file)), std::istreambuf_iterator<char>());
+  auto close_paren = stat.rfind(')');
+  if (close_paren == std::string::npos) return;
+  std::istringstream fields(stat.substr(close_paren + 2));
+  std::string field;
+  unsigned long arg_start = 0, arg_end = 0;
+  // Fields after "(comm)" start at field 3; arg_start and arg_end are fields 48 and 49.
+  for (int index = 3; fields >> field; ++index) {
+    if (index == 48) arg_start = std::stoul(field);
+    if (index == 49) {
+      arg_end = std::stoul(field);
+      break;
+    }
+  }
+  if (!arg_start || arg_end <= arg_start) return;
+  auto* area = reinterpret_cast<char*>(arg_start);
+  std::size_t size = arg_end - arg_start;
+  std::size_t n = std::min(name.size(), size - 1);
+  memcpy(area, name.data(), n);
+  memset(area + n, 0, size - n);
+}
+
+}  // namespace
+
+UniqueFd open_pidfd(pid_t pid) {
+  int fd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  if (fd < 0) throw_last_errno("forkpool: pidfd_open");
+  return UniqueFd(fd);  // pidfds are close-on-exec from birth
+}
+
+ExitStatus reap(int pidfd) {
+  siginfo_t info{};
+  int rc;
+  do rc = waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(pidfd), &info, WEXITED | __WALL);
+  while (rc < 0 && errno == EINTR);
+  if (rc < 0) return {};
+  if (info.si_code == CLD_EXITED) return {info.si_status, 0};
+  return {-1, info.si_status};
+}
+
+void send_signal(int pidfd, int signal) noexcept { syscall(SYS_pidfd_send_signal, pidfd, signal, nullptr, 0); }
+
+int become_helper_process(const std::string& name, pid_t expected_parent, int keep) noexcept {
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  // The parent may have died between fork() and prctl(): then nobody would ever kill us.
+  if (getppid() != expected_parent) _exit(kExitOrphaned);
+
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+  struct sigaction default_action {};
+  default_action.sa_handler = SIG_DFL;
+  for (int sig = 1; sig < NSIG; ++sig)
+    if (sig != SIGKILL && sig != SIGSTOP) sigaction(sig, &default_action, nullptr);
+
+  constexpr int kChannelFd = 3;
+  if (keep != kChannelFd) {
+    if (dup2(keep, kChannelFd) < 0) _exit(kExitBadMessage);
+  }
+  close_all_from(kChannelFd + 1);
+
+  prctl(PR_SET_NAME, name.substr(0, 15).c_str());
+  set_cmdline(name);
+  return kChannelFd;
+}
+
+void exit_helper(int code) noexcept {
+  fflush(nullptr);
+  _exit(code);
+}
+
+}  // namespace forkpool::detail

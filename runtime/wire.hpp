@@ -1,0 +1,104 @@
+#pragma once
+// The pool's protocol between the parent and a worker, on top of ipc frames.
+//   task   (parent -> worker): [invoker address][function address][chunk of arguments]
+//   result (worker -> parent): the chunk's results
+//   error  (worker -> parent): [type name][message] of what the task threw
+// Function addresses are valid in the worker because it is a fork of the parent's image.
+
+#include <cstdint>
+#include <functional>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#include "ipc/codec.hpp"
+
+namespace forkpool::detail {
+
+enum MessageKind : std::uint16_t { kTaskMessage = 1, kResultMessage = 2, kErrorMessage = 3 };
+
+// Decodes a chunk of arguments from `in`, calls the function on each, encodes the results to `out`.
+using Invoker = void (*)(std::uintptr_t function, Reader& in, Writer& out);
+
+// What a task may be: a function pointer, or a lambda without captures (an empty,
+// default-constructible class).
+template <class F>
+inline constexpr bool is_sendable_function_v =
+    (std::is_pointer_v<F> && std::is_function_v<std::remove_pointer_t<F>>) ||
+    (std::is_class_v<F> && std::is_empty_v<F> && std::is_default_constructible_v<F>);
+
+template <class F>
+void check_sendable() {
+  static_assert(is_sendable_function_v<F>,
+                "forkpool: a task must be a function pointer or a lambda without captures; a lambda with "
+                "captures cannot cross into a worker process: pass the data as arguments instead");
+}
+
+template <class F>
+std::uintptr_t function_bits(F f) {
+  if constexpr (std::is_pointer_v<F>) {
+    return reinterpret_cast<std::uintptr_t>(f);
+  } else {
+    return 0;  // a captureless lambda is rebuilt from its type
+  }
+}
+
+template <class F>
+F rebuild_function(std::uintptr_t bits) {
+  if constexpr (std::is_pointer_v<F>) {
+    return reinterpret_cast<F>(bits);
+  } else {
+    return F{};
+  }
+}
+
+// A void result travels as std::monostate.
+template <class R>
+using Wire = std::conditional_t<std::is_void_v<R>, std::monostate, R>;
+
+template <class F, class Element, bool Spread>
+struct CallResultOf {
+  using type = std::invoke_result_t<F&, Element>;
+};
+template <class F, class Element>
+struct CallResultOf<F, Element, true> {
+  using type = decltype(std::apply(std::declval<F&>(), std::declval<Element>()));
+};
+
+// Each element of a chunk is one call. Spread: the element is a tuple of arguments; otherwise
+// it is the single argument.
+template <class F, class Element, bool Spread>
+struct Call {
+  using Result = typename CallResultOf<F, Element, Spread>::type;
+
+  static void invoke(std::uintptr_t bits, Reader& in, Writer& out) {
+    F f = rebuild_function<F>(bits);
+    std::size_t count = in.read_count(std::max<std::size_t>(min_encoded_size<Element>(), 1), "chunk");
+    out.write_size(count);
+    for (std::size_t i = 0; i < count; ++i) {
+      Element element = in.read<Element>();
+      if constexpr (std::is_void_v<Result>) {
+        call(f, std::move(element));
+      } else {
+        out.write(call(f, std::move(element)));
+      }
+    }
+    in.expect_end();
+  }
+
+  static decltype(auto) call(F& f, Element&& element) {
+    if constexpr (Spread) {
+      return std::apply(f, std::move(element));
+    } else {
+      return std::invoke(f, std::move(element));
+    }
+  }
+};
+
+// The header of a task message.
+inline void write_task_header(Writer& w, Invoker invoker, std::uintptr_t function) {
+  w.write(static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(invoker)));
+  w.write(static_cast<std::uint64_t>(function));
+}
+
+}  // namespace forkpool::detail

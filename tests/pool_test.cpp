@@ -1,0 +1,433 @@
+// Pool on real forked workers: the behaviour CPython's and torch's pool tests check, and every
+// failure a worker can have.
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <ranges>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/io.hpp"
+#include "runtime/pool.hpp"
+#include "runtime/when_all.hpp"
+#include "tests/support.hpp"
+
+namespace forkpool {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Memory shared with every worker (mapped before any pool forks).
+struct Shared {
+  std::atomic<int> initializer_runs;
+  std::atomic<int> running_pid;
+};
+Shared* shared() {
+  static Shared* s = [] {
+    void* p = mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    return new (p) Shared{};
+  }();
+  return s;
+}
+
+int square(int x) { return x * x; }
+int add(int a, int b) { return a + b; }
+int my_pid(int) { return getpid(); }
+int fail_on_seven(int x) {
+  if (x == 7) throw std::invalid_argument("seven is not allowed");
+  return x;
+}
+int sleep_ms(int ms) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  return ms;
+}
+// Announces its pid, then runs until killed (or `ms` passes).
+int announce_then_sleep(int ms) {
+  shared()->running_pid.store(getpid());
+  return sleep_ms(ms);
+}
+int die_in_first_worker_attempt(int x) {
+  // The first time through, the worker kills itself; a retry finds the flag set and answers.
+  if (shared()->running_pid.exchange(1) == 0) raise(SIGKILL);
+  return x * 10;
+}
+void count_initializer() { shared()->initializer_runs.fetch_add(1); }
+std::string describe(std::string name, int times) {
+  std::string out;
+  for (int i = 0; i < times; ++i) out += name;
+  return out;
+}
+void exit_with_three(int) { std::exit(3); }
+
+class PoolTest : public ::testing::TestWithParam<StartMethod> {
+ protected:
+  void SetUp() override {
+    shared()->initializer_runs = 0;
+    shared()->running_pid = 0;
+  }
+  PoolOptions options(int processes = 2) { return {.processes = processes, .start_method = GetParam()}; }
+};
+
+TEST_P(PoolTest, MapKeepsInputOrder) {
+  Pool pool(options());
+  std::vector<int> xs(1000);
+  std::iota(xs.begin(), xs.end(), 0);
+  std::vector<int> ys = run(pool.map(square, xs));
+  ASSERT_EQ(ys.size(), xs.size());
+  for (int i = 0; i < 1000; ++i) EXPECT_EQ(ys[i], i * i);
+}
+
+TEST_P(PoolTest, MapOfAnEmptyInputIsEmpty) {
+  Pool pool(options());
+  EXPECT_TRUE(run(pool.map(square, std::vector<int>{})).empty());
+}
+
+TEST_P(PoolTest, MapGivesTheSameResultForEveryChunkSize) {
+  Pool pool(options());
+  std::vector<int> xs(101);
+  std::iota(xs.begin(), xs.end(), -50);
+  std::vector<int> expected;
+  for (int x : xs) expected.push_back(x * x);
+  for (std::size_t chunksize : {std::size_t{1}, std::size_t{0}, std::size_t{7}, std::size_t{1000}})
+    EXPECT_EQ(run(pool.map(square, xs, chunksize)), expected) << "chunksize " << chunksize;
+}
+
+TEST_P(PoolTest, MapTakesAnyInputRange) {
+  Pool pool(options());
+  auto evens = std::views::iota(0, 20) | std::views::filter([](int x) { return x % 2 == 0; });
+  std::vector<int> ys = run(pool.map(square, evens));
+  EXPECT_EQ(ys, (std::vector<int>{0, 4, 16, 36, 64, 100, 144, 196, 256, 324}));
+}
+
+TEST_P(PoolTest, MapRunsOnEveryWorker) {
+  Pool pool(options(2));
+  std::vector<int> ids = run(pool.map(
+      [](int) {
+        std::this_thread::sleep_for(2ms);
+        return static_cast<int>(getpid());
+      },
+      std::vector<int>(40), 1));
+  std::set<int> distinct(ids.begin(), ids.end());
+  EXPECT_EQ(distinct.size(), 2u);
+  for (int pid : distinct) EXPECT_NE(pid, getpid());
+}
+
+TEST_P(PoolTest, ApplyAsyncReturnsTheValue) {
+  Pool pool(options());
+  EXPECT_EQ(run([&]() -> Task<int> { co_return co_await pool.apply_async(square, 7); }()), 49);
+  EXPECT_EQ(pool.apply_async(add, 2, 3).get(), 5);
+  EXPECT_EQ(pool.apply_async(describe, std::string("ab"), 3).get(), "ababab");
+}
+
+TEST_P(PoolTest, ApplyAsyncOfAVoidFunctionCompletes) {
+  Pool pool(options());
+  AsyncResult<void> done = pool.apply_async([](int) {}, 1);
+  done.get();
+  EXPECT_TRUE(done.successful());
+}
+
+TEST_P(PoolTest, StarmapSpreadsTuplesAsArguments) {
+  Pool pool(options());
+  std::vector<std::tuple<int, int>> pairs{{1, 2}, {3, 4}, {5, 6}};
+  EXPECT_EQ(run(pool.starmap(add, pairs)), (std::vector<int>{3, 7, 11}));
+  std::vector<std::pair<int, int>> std_pairs{{10, 1}};
+  EXPECT_EQ(run(pool.starmap(add, std_pairs)), (std::vector<int>{11}));
+}
+
+TEST_P(PoolTest, AnExceptionInATaskIsARemoteErrorWithTypeMessageAndPid) {
+  Pool pool(options());
+  auto pids = pool.worker_pids();
+  try {
+    run(pool.map(fail_on_seven, std::vector<int>{1, 7, 3}));
+    FAIL() << "no exception";
+  } catch (const RemoteError& e) {
+    EXPECT_EQ(e.type_name(), "std::invalid_argument");
+    EXPECT_STREQ(e.what(), "seven is not allowed");
+    EXPECT_NE(std::find(pids.begin(), pids.end(), e.worker_pid()), pids.end());
+  }
+  // The worker that threw goes on serving.
+  EXPECT_EQ(pool.apply_async(fail_on_seven, 5).get(), 5);
+}
+
+TEST_P(PoolTest, GetWithATimeoutThatRunsOutThrowsTimeoutError) {
+  Pool pool(options());
+  AsyncResult<int> slow = pool.apply_async(sleep_ms, 500);
+  auto started = std::chrono::steady_clock::now();
+  EXPECT_THROW(slow.get(20ms), TimeoutError);
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 400ms);
+  EXPECT_FALSE(slow.ready());
+  EXPECT_FALSE(slow.wait(1ms));
+  EXPECT_EQ(slow.get(5s), 500);
+  EXPECT_TRUE(slow.ready());
+  EXPECT_TRUE(slow.successful());
+}
+
+TEST_P(PoolTest, SuccessfulBeforeReadyIsALogicError) {
+  Pool pool(options());
+  AsyncResult<int> slow = pool.apply_async(sleep_ms, 100);
+  EXPECT_THROW(slow.successful(), std::logic_error);
+  slow.wait();
+  EXPECT_TRUE(slow.successful());
+}
+
+TEST_P(PoolTest, GetFromInsideACoroutineIsALogicError) {
+  Pool pool(options());
+  auto body = [&]() -> Task<bool> {
+    AsyncResult<int> r = pool.apply_async(square, 2);
+    bool refused = false;
+    try {
+      r.get();
+    } catch (const std::logic_error&) {
+      refused = true;
+    }
+    co_return refused && (co_await r) == 4;
+  };
+  EXPECT_TRUE(run(body()));
+}
+
+TEST_P(PoolTest, TerminateWhileBusyFailsPendingWorkWithPoolTerminated) {
+  Pool pool(options());
+  std::vector<AsyncResult<int>> results;
+  for (int i = 0; i < 6; ++i) results.push_back(pool.apply_async(sleep_ms, 2000));
+  auto pids = pool.worker_pids();
+  auto started = std::chrono::steady_clock::now();
+  pool.terminate();
+  for (auto& r : results) EXPECT_THROW(r.get(), PoolTerminated);
+  run(pool.join());
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 1s);
+  for (pid_t pid : pids) EXPECT_FALSE(testing::process_alive(pid)) << "worker " << pid << " still runs";
+  EXPECT_THROW(pool.apply_async(square, 1), PoolClosed);
+}
+
+TEST_P(PoolTest, CloseThenJoinDrainsTheQueue) {
+  Pool pool(options());
+  AsyncResult<std::vector<int>> all = pool.map_async(sleep_ms, std::vector<int>(10, 5), 1);
+  pool.close();
+  EXPECT_THROW(pool.apply_async(square, 1), PoolClosed);
+  run(pool.join());
+  EXPECT_TRUE(all.ready());
+  EXPECT_EQ(all.get(), std::vector<int>(10, 5));
+  EXPECT_TRUE(pool.worker_pids().empty());
+}
+
+TEST_P(PoolTest, JoinBeforeCloseIsALogicError) {
+  Pool pool(options());
+  EXPECT_THROW(run(pool.join()), std::logic_error);
+}
+
+TEST_P(PoolTest, MaxTasksPerChildReplacesWorkers) {
+  PoolOptions o = options(2);
+  o.maxtasksperchild = 2;
+  Pool pool(o);
+  std::vector<int> pids = run(pool.map(my_pid, std::vector<int>(20), 1));
+  std::set<int> distinct(pids.begin(), pids.end());
+  EXPECT_GE(distinct.size(), 10u);  // 20 tasks, at most 2 per worker
+  for (int pid : distinct) EXPECT_LE(std::count(pids.begin(), pids.end(), pid), 2);
+}
+
+TEST_P(PoolTest, InitializerRunsOnceInEachWorker) {
+  PoolOptions o = options(3);
+  o.initializer = count_initializer;
+  Pool pool(o);
+  run(pool.map(square, std::vector<int>(30), 1));
+  EXPECT_EQ(shared()->initializer_runs.load(), 3);
+}
+
+TEST_P(PoolTest, ImapOverAnEndlessInputYieldsInOrder) {
+  Pool pool(options());
+  auto body = [&]() -> Task<long> {
+    Stream<int> squares = pool.imap(square, std::views::iota(0), 3);
+    long sum = 0;
+    for (int i = 0; i < 1000; ++i) {
+      std::optional<int> next = co_await squares.next();
+      EXPECT_EQ(*next, i * i);
+      sum += *next;
+    }
+    co_return sum;
+  };
+  long expected = 0;
+  for (long i = 0; i < 1000; ++i) expected += i * i;
+  EXPECT_EQ(run(body()), expected);
+}
+
+TEST_P(PoolTest, ImapUnorderedYieldsEveryResultOnce) {
+  Pool pool(options());
+  auto body = [&]() -> Task<std::multiset<int>> {
+    std::vector<int> xs(200);
+    std::iota(xs.begin(), xs.end(), 0);
+    Stream<int> results = pool.imap_unordered(square, xs, 4);
+    std::multiset<int> seen;
+    while (std::optional<int> r = co_await results.next()) seen.insert(*r);
+    co_return seen;
+  };
+  std::multiset<int> seen = run(body());
+  ASSERT_EQ(seen.size(), 200u);
+  for (int i = 0; i < 200; ++i) EXPECT_EQ(seen.count(i * i), 1u);
+}
+
+TEST_P(PoolTest, ImapRethrowsAFailedTaskAtItsPlaceAndGoesOn) {
+  Pool pool(options());
+  auto body = [&]() -> Task<std::vector<std::string>> {
+    Stream<int> results = pool.imap(fail_on_seven, std::views::iota(5, 10));
+    std::vector<std::string> seen;
+    for (;;) {
+      try {
+        std::optional<int> r = co_await results.next();
+        if (!r) break;
+        seen.push_back(std::to_string(*r));
+      } catch (const RemoteError& e) {
+        seen.push_back(e.type_name());
+      }
+    }
+    co_return seen;
+  };
+  EXPECT_EQ(run(body()), (std::vector<std::string>{"5", "6", "std::invalid_argument", "8", "9"}));
+}
+
+TEST_P(PoolTest, AKilledWorkerFailsItsTaskWithWorkerLostAndThePoolCarriesOn) {
+  Pool pool(options());
+  AsyncResult<int> doomed = pool.apply_async(announce_then_sleep, 10'000);
+  while (shared()->running_pid.load() == 0) std::this_thread::sleep_for(1ms);
+  pid_t victim = shared()->running_pid.load();
+  auto killed_at = std::chrono::steady_clock::now();
+  kill(victim, SIGKILL);
+  try {
+    doomed.get();
+    FAIL() << "no WorkerLost";
+  } catch (const WorkerLost& e) {
+    EXPECT_EQ(e.pid(), victim);
+    EXPECT_EQ(e.signal(), SIGKILL);
+    EXPECT_EQ(e.exit_code(), -1);
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - killed_at, 1s);
+  EXPECT_EQ(run(pool.map(square, std::vector<int>{1, 2, 3})), (std::vector<int>{1, 4, 9}));
+  auto pids = pool.worker_pids();
+  EXPECT_EQ(pids.size(), 2u);
+  EXPECT_EQ(std::find(pids.begin(), pids.end(), victim), pids.end());
+}
+
+TEST_P(PoolTest, AWorkerThatExitsReportsItsExitCode) {
+  Pool pool(options());
+  try {
+    pool.apply_async(exit_with_three, 0).get();
+    FAIL() << "no WorkerLost";
+  } catch (const WorkerLost& e) {
+    EXPECT_EQ(e.exit_code(), 3);
+    EXPECT_EQ(e.signal(), 0);
+  }
+}
+
+TEST_P(PoolTest, MaxRetriesRunsTheTaskAgainAfterAWorkerDies) {
+  PoolOptions o = options();
+  o.max_retries = 2;
+  Pool pool(o);
+  EXPECT_EQ(pool.apply_async(die_in_first_worker_attempt, 4).get(), 40);
+}
+
+TEST_P(PoolTest, WorkersAreNamedAndHoldOnlyTheirChannel) {
+  Pool pool(options());
+  run(pool.map(square, std::vector<int>{1, 2}));
+  for (pid_t pid : pool.worker_pids()) {
+    std::ifstream comm("/proc/" + std::to_string(pid) + "/comm");
+    std::string name;
+    std::getline(comm, name);
+    EXPECT_EQ(name, "forkpool-worker");  // comm keeps 15 characters
+    std::ifstream cmdline("/proc/" + std::to_string(pid) + "/cmdline");
+    std::string full;
+    std::getline(cmdline, full, '\0');
+    EXPECT_EQ(full.rfind("forkpool-worker-", 0), 0u) << full;
+    int fds = 0;
+    for (auto& entry : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd")) {
+      (void)entry;
+      ++fds;
+    }
+    EXPECT_LE(fds, 4) << "stdio and the channel only";
+  }
+}
+
+TEST_P(PoolTest, WorkersDieWithTheirParent) {
+  // A child process makes a pool, reports its workers' pids, and is SIGKILLed.
+  int report[2];
+  ASSERT_EQ(pipe(report), 0);
+  StartMethod method = GetParam();
+  pid_t parent = fork();
+  if (parent == 0) {
+    Pool pool({.processes = 2, .start_method = method});
+    run(pool.map(square, std::vector<int>{1, 2}));
+    for (pid_t pid : pool.worker_pids()) (void)!write(report[1], &pid, sizeof pid);
+    pause();
+    _exit(0);
+  }
+  close(report[1]);
+  std::vector<pid_t> workers(2);
+  ASSERT_EQ(read(report[0], workers.data(), sizeof(pid_t) * 2), static_cast<ssize_t>(sizeof(pid_t) * 2));
+  close(report[0]);
+  kill(parent, SIGKILL);
+  waitpid(parent, nullptr, 0);
+  auto deadline = std::chrono::steady_clock::now() + 1s;
+  for (pid_t w : workers) {
+    while (testing::process_alive(w) && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
+    EXPECT_FALSE(testing::process_alive(w)) << "worker " << w << " outlived its parent";
+  }
+}
+
+TEST_P(PoolTest, AHundredThousandTasksLeaveDescriptorsAndMemoryFlat) {
+  Pool pool(options());
+  auto batch = [&](int n) {
+    auto body = [&]() -> Task<void> {
+      std::vector<AsyncResult<int>> results;
+      for (int i = 0; i < n; ++i) {
+        results.push_back(pool.apply_async(square, i));
+        if (results.size() == 64) {
+          for (auto& r : results) co_await r;
+          results.clear();
+        }
+      }
+      for (auto& r : results) co_await r;
+    };
+    run(body());
+  };
+  batch(10'000);  // warm up allocator and caches
+  int fds_before = testing::open_fd_count();
+  long rss_before = testing::rss_kib();
+  batch(100'000);
+  EXPECT_EQ(testing::open_fd_count(), fds_before);
+  EXPECT_LT(testing::rss_kib() - rss_before, 8 * 1024) << "RSS grew by more than 8 MiB";
+}
+
+TEST_P(PoolTest, CapturingLambdasAreRejectedAtCompileTime) {
+  int captured = 3;
+  auto capturing = [captured](int x) { return x + captured; };
+  EXPECT_FALSE(detail::is_sendable_function_v<decltype(capturing)>);
+  EXPECT_TRUE(detail::is_sendable_function_v<decltype(&square)>);
+  auto plain = [](int x) { return x; };
+  EXPECT_TRUE(detail::is_sendable_function_v<decltype(plain)>);
+}
+
+TEST_P(PoolTest, DestroyingABusyPoolReapsEveryWorker) {
+  std::vector<pid_t> pids;
+  {
+    Pool pool(options());
+    pool.apply_async(sleep_ms, 5000);
+    pids = pool.worker_pids();
+  }
+  for (pid_t pid : pids) EXPECT_FALSE(testing::process_alive(pid));
+}
+
+INSTANTIATE_TEST_SUITE_P(StartMethods, PoolTest, ::testing::Values(StartMethod::fork, StartMethod::forkserver),
+                         [](const auto& info) { return info.param == StartMethod::fork ? "fork" : "forkserver"; });
+
+}  // namespace
+}  // namespace forkpool
