@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <system_error>
@@ -18,8 +19,8 @@ constexpr std::size_t control_space(std::size_t fd_count) { return CMSG_SPACE(fd
 }  // namespace
 
 OutgoingFrame::OutgoingFrame(std::uint16_t kind, std::uint64_t request_id, std::span<const std::byte> payload,
-                             std::span<const UniqueFd> fds) {
-  bool via_memfd = payload.size() > kInlinePayloadMax;
+                             std::span<const UniqueFd> fds, std::size_t inline_max) {
+  bool via_memfd = payload.size() > std::min(inline_max, kInlinePayloadMax);
   if (via_memfd) payload_memfd_ = sealed_memfd_with("forkpool-payload", payload);
   std::size_t fd_count = fds.size() + (via_memfd ? 1 : 0);
   if (fd_count > kMaxMessageFds)

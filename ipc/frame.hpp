@@ -70,8 +70,9 @@ struct Message {
 // it must not move once built.
 class OutgoingFrame {
  public:
+  // Payloads above `inline_max` bytes travel in a sealed memfd.
   OutgoingFrame(std::uint16_t kind, std::uint64_t request_id, std::span<const std::byte> payload,
-                std::span<const UniqueFd> fds);
+                std::span<const UniqueFd> fds, std::size_t inline_max = kInlinePayloadMax);
   OutgoingFrame(const OutgoingFrame&) = delete;
   OutgoingFrame& operator=(const OutgoingFrame&) = delete;
 

@@ -11,8 +11,14 @@ namespace forkpool {
 namespace {
 
 std::string signal_name_of(int signal) {
-  const char* abbrev = sigabbrev_np(signal);
-  return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(signal);
+  std::string name;
+  if (const char* abbrev = sigabbrev_np(signal)) {
+    name = "SIG";
+    name += abbrev;
+  } else {
+    name = "signal " + std::to_string(signal);
+  }
+  return name;
 }
 
 std::string describe_end(int exit_code, int signal) {

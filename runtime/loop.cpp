@@ -5,6 +5,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -18,7 +19,12 @@ namespace {
 
 constexpr unsigned kRingEntries = 256;
 
-thread_local Loop* t_loop = nullptr;
+// initial-exec: the loop is looked up on every operation, and this library is not dlopen()ed.
+__attribute__((tls_model("initial-exec"))) thread_local Loop* t_loop = nullptr;
+// Bumped in every forked child (pthread_atfork): a loop made under an older generation belongs
+// to an ancestor process. Cheaper than asking getpid() on every operation.
+std::atomic<unsigned> g_fork_generation{0};
+void note_fork_in_child() { g_fork_generation.fetch_add(1, std::memory_order_relaxed); }
 // Loops inherited through fork(): their kernel objects belong to the parent. Kept reachable (not
 // destroyed: their coroutines are the parent's) so leak checkers stay quiet.
 std::vector<Loop*>* g_abandoned = nullptr;
@@ -46,7 +52,10 @@ pthread_key_t loop_key() {
 
 }  // namespace
 
-Loop::Loop() : backend_(choose_backend()), owner_pid_(getpid()) {}
+Loop::Loop() : backend_(choose_backend()), generation_(g_fork_generation.load(std::memory_order_relaxed)) {
+  static std::once_flag registered;
+  std::call_once(registered, [] { pthread_atfork(nullptr, nullptr, &note_fork_in_child); });
+}
 
 Loop::~Loop() {
   try {
@@ -56,7 +65,7 @@ Loop::~Loop() {
 }
 
 Loop& Loop::current() {
-  if (t_loop && t_loop->owner_pid_ != getpid()) {
+  if (t_loop && t_loop->generation_ != g_fork_generation.load(std::memory_order_relaxed)) [[unlikely]] {
     // We are a forked child: leave the parent's loop untouched and make our own.
     t_loop->backend_->abandon();
     t_loop->host_fd_.reset();
@@ -73,9 +82,11 @@ Loop& Loop::current() {
 }
 
 Loop::DriveGuard::DriveGuard(Loop& loop, const char* who) : loop_(loop) {
-  if (loop.driving_)
-    throw std::logic_error(std::string(who) +
-                           " called from inside a coroutine running on the same loop: it would deadlock; co_await instead");
+  if (loop.driving_) {
+    std::string message = who;
+    message += " called from inside a coroutine running on the same loop: it would deadlock; co_await instead";
+    throw std::logic_error(message);
+  }
   loop.driving_ = true;
 }
 

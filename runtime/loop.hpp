@@ -86,7 +86,7 @@ class Loop {
   bool driving_ = false;
   bool in_turn_ = false;
   std::size_t lingering_ = 0;
-  pid_t owner_pid_;
+  unsigned generation_;  // the fork generation this loop was made in
 };
 
 // Drives the calling thread's loop until `task` ends; returns its value or rethrows. Throws

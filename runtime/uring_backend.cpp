@@ -53,6 +53,14 @@ class UringBackend final : public Backend {
 
   void start(Operation* op) override {
     note_started();
+    if (waiting_.empty() && in_flight_ < capacity_) {
+      if (io_uring_sqe* sqe = io_uring_get_sqe(&ring_)) {
+        prepare(sqe, op);
+        op->state = OpState::in_kernel;
+        ++in_flight_;
+        return;
+      }
+    }
     op->state = OpState::queued;
     waiting_.push_back(op);
     submit_waiting();

@@ -366,7 +366,8 @@ TEST_P(PoolTest, WorkersDieWithTheirParent) {
   if (parent == 0) {
     Pool pool({.processes = 2, .start_method = method});
     run(pool.map(square, std::vector<int>{1, 2}));
-    for (pid_t pid : pool.worker_pids()) (void)!write(report[1], &pid, sizeof pid);
+    std::vector<pid_t> pids = pool.worker_pids();
+    (void)!write(report[1], pids.data(), sizeof(pid_t) * pids.size());  // one write: one read
     pause();
     _exit(0);
   }
@@ -389,7 +390,7 @@ TEST_P(PoolTest, AHundredThousandTasksLeaveDescriptorsAndMemoryFlat) {
     auto body = [&]() -> Task<void> {
       std::vector<AsyncResult<int>> results;
       for (int i = 0; i < n; ++i) {
-        results.push_back(pool.apply_async(square, i));
+        results.push_back(pool.apply_async(square, i % 1000));
         if (results.size() == 64) {
           for (auto& r : results) co_await r;
           results.clear();
@@ -404,7 +405,11 @@ TEST_P(PoolTest, AHundredThousandTasksLeaveDescriptorsAndMemoryFlat) {
   long rss_before = testing::rss_kib();
   batch(100'000);
   EXPECT_EQ(testing::open_fd_count(), fds_before);
+#if !defined(__SANITIZE_ADDRESS__)  // ASan's quarantine keeps freed memory resident on purpose
   EXPECT_LT(testing::rss_kib() - rss_before, 8 * 1024) << "RSS grew by more than 8 MiB";
+#else
+  (void)rss_before;
+#endif
 }
 
 TEST_P(PoolTest, CapturingLambdasAreRejectedAtCompileTime) {

@@ -1,0 +1,109 @@
+// The pool against the physical limit (raw ping-pong, same binary) and, through
+// bench/run_all.sh, against CPython's Pool and torch.multiprocessing in the same run.
+
+#include <benchmark/benchmark.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <numeric>
+#include <ranges>
+#include <vector>
+
+#include "bench/raw_pingpong.hpp"
+#include "runtime/pool.hpp"
+
+namespace fp = forkpool;
+
+namespace {
+
+int ident(int x) { return x; }
+int square(int x) { return x * x; }
+
+// About `ms` milliseconds of arithmetic.
+long spin(int ms) {
+  auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  long x = 0;
+  while (std::chrono::steady_clock::now() < until)
+    for (int i = 0; i < 1000; ++i) x += i ^ (x >> 3);
+  return x;
+}
+
+long rss_kib() {
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  long pages = 0, resident = 0;
+  if (f && std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+  if (f) std::fclose(f);
+  return resident * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+BENCHMARK(BM_RawSocketpairPingPong64B)->UseRealTime();
+
+void BM_ApplyAsyncRoundTrip(benchmark::State& state) {
+  fp::Pool pool({.processes = 2});
+  auto body = [&]() -> fp::Task<void> {
+    for (int i = 0; i < 200; ++i) co_await pool.apply_async(ident, i);
+    for (auto _ : state) benchmark::DoNotOptimize(co_await pool.apply_async(ident, 1));
+  };
+  fp::run(body());
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_ApplyAsyncRoundTrip)->UseRealTime();
+
+// map of 1,000,000 trivial ints; Arg: chunksize (0 = CPython's default rule).
+void BM_Map1MInts(benchmark::State& state) {
+  fp::Pool pool({.processes = 2});
+  std::vector<int> xs(1'000'000);
+  std::iota(xs.begin(), xs.end(), 0);
+  for (auto _ : state) {
+    std::vector<int> ys = fp::run(pool.map(square, xs, static_cast<std::size_t>(state.range(0))));
+    benchmark::DoNotOptimize(ys.data());
+  }
+  state.SetItemsProcessed(state.iterations() * xs.size());
+}
+BENCHMARK(BM_Map1MInts)->Arg(0)->Arg(10000)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// CPU-bound map at P = cores: efficiency = time on 1 process / (P × time on P).
+void BM_CpuBoundMapEfficiency(benchmark::State& state) {
+  int cores = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  std::vector<int> work(40, 10);  // 40 tasks of 10 ms
+  auto time_on = [&](int processes) {
+    fp::Pool pool({.processes = processes});
+    fp::run(pool.map(spin, std::vector<int>{1, 1}));  // workers warm
+    auto start = std::chrono::steady_clock::now();
+    fp::run(pool.map(spin, work, 1));
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  double efficiency = 0;
+  for (auto _ : state) {
+    double one = time_on(1), all = time_on(cores);
+    efficiency = one / (cores * all);
+    state.SetIterationTime(all);
+  }
+  state.counters["efficiency"] = efficiency;
+  state.counters["processes"] = cores;
+}
+BENCHMARK(BM_CpuBoundMapEfficiency)->UseManualTime()->Iterations(3)->Unit(benchmark::kMillisecond);
+
+// imap over 10,000,000 items: the input is lazy and the window bounded, so RSS stays flat.
+void BM_Imap10MFlatMemory(benchmark::State& state) {
+  fp::Pool pool({.processes = 2});
+  long growth = 0;
+  for (auto _ : state) {
+    long before = rss_kib();
+    auto body = [&]() -> fp::Task<long> {
+      fp::Stream<int> results = pool.imap(ident, std::views::iota(0, 10'000'000), 10000);
+      long sum = 0;
+      while (std::optional<int> r = co_await results.next()) sum += *r;
+      co_return sum;
+    };
+    benchmark::DoNotOptimize(fp::run(body()));
+    growth = rss_kib() - before;
+  }
+  state.counters["rss_growth_kib"] = static_cast<double>(growth);
+  state.SetItemsProcessed(state.iterations() * 10'000'000);
+}
+BENCHMARK(BM_Imap10MFlatMemory)->Iterations(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();
