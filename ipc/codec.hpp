@@ -17,6 +17,7 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -34,6 +35,29 @@ namespace forkpool {
 
 template <class T>
 struct codec;
+
+// An allocator that leaves new elements uninitialized: growing an encode buffer must not cost
+// a memset of bytes about to be overwritten.
+template <class T>
+struct UninitializedAllocator : std::allocator<T> {
+  template <class U>
+  struct rebind {
+    using other = UninitializedAllocator<U>;
+  };
+  UninitializedAllocator() noexcept = default;
+  template <class U>
+  UninitializedAllocator(const UninitializedAllocator<U>&) noexcept {}
+  template <class U>
+  void construct(U* p) noexcept(std::is_nothrow_default_constructible_v<U>) {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <class U, class... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+
+using ByteBuffer = std::vector<std::byte, UninitializedAllocator<std::byte>>;
 
 // The valid range of an enum's values, for decoding. Specialize with `min` and `max` to have
 // out-of-range values rejected; without it any value of the underlying type is accepted.
@@ -59,11 +83,11 @@ class Writer {
   std::uint32_t attach_fd(int fd);
 
   std::span<const std::byte> bytes() const noexcept { return bytes_; }
-  std::vector<std::byte>& buffer() noexcept { return bytes_; }
+  ByteBuffer& buffer() noexcept { return bytes_; }
   std::vector<UniqueFd>& fds() noexcept { return fds_; }
 
  private:
-  std::vector<std::byte> bytes_;
+  ByteBuffer bytes_;
   std::vector<UniqueFd> fds_;
 };
 
@@ -80,6 +104,12 @@ class Reader {
   template <class T>
   T read() {
     return codec<T>::decode(*this);
+  }
+  // The next `size` bytes, in place (valid as long as the message).
+  std::span<const std::byte> read_span(std::size_t size) {
+    if (size > remaining()) fail("needed " + std::to_string(size) + " bytes, " + std::to_string(remaining()) + " remain");
+    offset_ += size;
+    return bytes_.subspan(offset_ - size, size);
   }
   // A count of elements that take at least `min_element_size` bytes each: checked against
   // what remains, so a lying count never causes a large allocation.

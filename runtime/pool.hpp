@@ -38,7 +38,15 @@ std::shared_ptr<Job> encode_chunk(F f, It& it, const End& end, std::size_t limit
   std::size_t count_at = w.buffer().size();
   w.write_size(0);  // patched below, once the count is known
   std::size_t count = 0;
-  for (; count < limit && it != end; ++count, ++it) w.write(static_cast<Element>(*it));
+  if constexpr (Bitwise<Element> && std::contiguous_iterator<It> && std::sized_sentinel_for<End, It> &&
+                std::is_same_v<std::iter_value_t<It>, Element>) {
+    // Plain numbers in contiguous memory: one copy for the whole chunk.
+    count = std::min<std::size_t>(limit, static_cast<std::size_t>(end - it));
+    w.write_bytes(std::to_address(it), count * sizeof(Element));
+    it += static_cast<std::iter_difference_t<It>>(count);
+  } else {
+    for (; count < limit && it != end; ++count, ++it) w.write(static_cast<Element>(*it));
+  }
   std::uint64_t wire_count = count;
   std::memcpy(w.buffer().data() + count_at, &wire_count, sizeof wire_count);
   *count_out = count;
@@ -53,6 +61,10 @@ std::shared_ptr<Job> encode_chunk(F f, It& it, const End& end, std::size_t limit
 // Collects every chunk of a map into one vector, in input order.
 template <class W>
 class MapSink final : public JobSink {
+  // Results are stored in place when W can be default-constructed, else in optionals.
+  static constexpr bool kInPlace = std::is_default_constructible_v<W>;
+  using Slot = std::conditional_t<kInPlace, W, std::optional<W>>;
+
  public:
   MapSink(std::vector<std::size_t> offsets, std::size_t total, std::shared_ptr<ResultState<std::vector<W>>> state)
       : offsets_(std::move(offsets)), slots_(total), remaining_(offsets_.size() - 1), state_(std::move(state)) {
@@ -62,22 +74,31 @@ class MapSink final : public JobSink {
   void chunk_done(std::size_t chunk, Reader& results) override {
     std::size_t begin = offsets_[chunk], size = offsets_[chunk + 1] - begin;
     if (results.read<std::uint64_t>() != size) results.fail("result count differs from the chunk's size");
-    for (std::size_t i = 0; i < size; ++i) slots_[begin + i].emplace(results.read<W>());
-    results.expect_end();
-    if (--remaining_ == 0) {
-      std::vector<W> values;
-      values.reserve(slots_.size());
-      for (auto& slot : slots_) values.push_back(std::move(*slot));
-      slots_.clear();
-      state_->set_value(std::move(values));
+    if constexpr (Bitwise<W>) {
+      results.read_bytes(slots_.data() + begin, size * sizeof(W));
+    } else {
+      for (std::size_t i = 0; i < size; ++i) slots_[begin + i] = results.read<W>();
     }
+    results.expect_end();
+    if (--remaining_ == 0) state_->set_value(take_values());
   }
   // As Python's map: the first failure is the result; later chunks are ignored.
   void chunk_failed(std::size_t, std::exception_ptr error) override { state_->set_error(std::move(error)); }
 
  private:
+  std::vector<W> take_values() {
+    if constexpr (kInPlace) {
+      return std::move(slots_);
+    } else {
+      std::vector<W> values;
+      values.reserve(slots_.size());
+      for (auto& slot : slots_) values.push_back(std::move(*slot));
+      return values;
+    }
+  }
+
   std::vector<std::size_t> offsets_;  // chunk i covers [offsets_[i], offsets_[i + 1])
-  std::vector<std::optional<W>> slots_;
+  std::vector<Slot> slots_;
   std::size_t remaining_;
   std::shared_ptr<ResultState<std::vector<W>>> state_;
 };

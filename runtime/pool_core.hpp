@@ -34,7 +34,7 @@ class JobSink : public std::enable_shared_from_this<JobSink> {
 struct Job {
   std::shared_ptr<JobSink> sink;
   std::size_t chunk = 0;
-  std::vector<std::byte> payload;  // task header + encoded arguments
+  ByteBuffer payload;  // task header + encoded arguments
   std::vector<UniqueFd> fds;       // descriptors the arguments carry (tensors)
   int attempts = 0;
 };

@@ -6,6 +6,7 @@
 // Function addresses are valid in the worker because it is a fork of the parent's image.
 
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <tuple>
 #include <type_traits>
@@ -73,8 +74,23 @@ struct Call {
 
   static void invoke(std::uintptr_t bits, Reader& in, Writer& out) {
     F f = rebuild_function<F>(bits);
-    std::size_t count = in.read_count(std::max<std::size_t>(min_encoded_size<Element>(), 1), "chunk");
+    std::size_t count = in.read_count(min_encoded_size<Element>(), "chunk");
     out.write_size(count);
+    if constexpr (!Spread && Bitwise<Element> && Bitwise<Result>) {
+      // Plain numbers in, plain numbers out: read them in place, write results straight out.
+      std::span<const std::byte> arguments = in.read_span(count * sizeof(Element));
+      ByteBuffer& buffer = out.buffer();
+      std::size_t at = buffer.size();
+      buffer.resize(at + count * sizeof(Result));
+      for (std::size_t i = 0; i < count; ++i) {
+        Element argument;
+        std::memcpy(&argument, arguments.data() + i * sizeof(Element), sizeof argument);
+        Result result = std::invoke(f, argument);
+        std::memcpy(buffer.data() + at + i * sizeof(Result), &result, sizeof result);
+      }
+      in.expect_end();
+      return;
+    }
     for (std::size_t i = 0; i < count; ++i) {
       Element element = in.read<Element>();
       if constexpr (std::is_void_v<Result>) {
