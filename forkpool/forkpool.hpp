@@ -11,3 +11,7 @@
 #include "runtime/stream.hpp"
 #include "runtime/task.hpp"
 #include "runtime/when_all.hpp"
+#include "shm/dlpack.hpp"
+#include "shm/sharing.hpp"
+#include "shm/tensor.hpp"
+#include "shm/tensor_codec.hpp"

@@ -9,11 +9,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <vector>
 
 #include "runtime/error.hpp"
+#include "runtime/inherited_fds.hpp"
 
 #ifndef P_PIDFD
 #define P_PIDFD 3
@@ -22,14 +24,23 @@
 namespace forkpool::detail {
 namespace {
 
-void close_all_from(int first) noexcept {
-  if (syscall(SYS_close_range, first, ~0U, 0) == 0) return;
+// Closes every descriptor >= first except those in `keep` (sorted).
+void close_all_from(int first, const std::vector<int>& keep) noexcept {
+  bool ranged = true;
+  int from = first;
+  for (int fd : keep) {
+    if (fd < from) continue;
+    if (fd > from && syscall(SYS_close_range, from, fd - 1, 0) != 0) ranged = false;
+    from = fd + 1;
+  }
+  if (ranged && syscall(SYS_close_range, from, ~0U, 0) == 0) return;
   // Kernels before 5.9: walk /proc/self/fd.
   std::vector<int> open;
   if (DIR* dir = opendir("/proc/self/fd")) {
     while (dirent* entry = readdir(dir)) {
       int fd = atoi(entry->d_name);
-      if (entry->d_name[0] != '.' && fd >= first && fd != dirfd(dir)) open.push_back(fd);
+      bool kept = std::find(keep.begin(), keep.end(), fd) != keep.end();
+      if (entry->d_name[0] != '.' && fd >= first && fd != dirfd(dir) && !kept) open.push_back(fd);
     }
     closedir(dir);
   }
@@ -61,7 +72,18 @@ void set_cmdline(const std::string& name) noexcept {
   memset(area + n, 0, size - n);
 }
 
+std::vector<int>& kept_registry() {
+  static std::vector<int> kept;
+  return kept;
+}
+
 }  // namespace
+
+void keep_in_helpers(int fd) {
+  auto& kept = kept_registry();
+  kept.insert(std::upper_bound(kept.begin(), kept.end(), fd), fd);
+}
+std::vector<int> kept_in_helpers() { return kept_registry(); }
 
 UniqueFd open_pidfd(pid_t pid) {
   int fd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
@@ -98,7 +120,7 @@ int become_helper_process(const std::string& name, pid_t expected_parent, int ke
   if (keep != kChannelFd) {
     if (dup2(keep, kChannelFd) < 0) _exit(kExitBadMessage);
   }
-  close_all_from(kChannelFd + 1);
+  close_all_from(kChannelFd + 1, kept_in_helpers());
 
   prctl(PR_SET_NAME, name.substr(0, 15).c_str());
   set_cmdline(name);

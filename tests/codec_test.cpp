@@ -104,7 +104,7 @@ TEST(Codec, RoundTripsDeeplyNestedValues) {
 }
 
 template <class T>
-void expect_protocol_error(const std::vector<std::byte>& bytes, const char* fragment) {
+void expect_protocol_error(std::span<const std::byte> bytes, const char* fragment) {
   try {
     decode<T>(bytes);
     FAIL() << "decoding did not fail";
@@ -130,7 +130,7 @@ TEST(Codec, AHugeClaimedCountIsAnErrorNotAnAllocation) {
 
 TEST(Codec, ShortInputIsAnError) {
   Writer w = encode(std::string("hello"));
-  std::vector<std::byte> cut(w.buffer().begin(), w.buffer().end() - 1);
+  std::span<const std::byte> cut = w.bytes().first(w.bytes().size() - 1);
   expect_protocol_error<std::string>(cut, "claims");
   expect_protocol_error<int>(bytes_of({1, 2}), "needed 4 bytes, 2 remain");
 }

@@ -1,0 +1,112 @@
+#include "shm/dlpack.hpp"
+
+#include <memory>
+#include <stdexcept>
+#include <vector>
+
+namespace forkpool {
+namespace {
+
+// DLPack 0.8's kDLBool; dlpack.h 0.6 lacks it.
+constexpr std::uint8_t kBoolCode = 6;
+
+struct Context {
+  Tensor tensor;
+  std::vector<std::int64_t> shape;
+  std::vector<std::int64_t> strides;
+  DLManagedTensor managed{};
+};
+
+void delete_context(DLManagedTensor* managed) { delete static_cast<Context*>(managed->manager_ctx); }
+
+DLDataType to_dl(DType dtype) {
+  auto bits = static_cast<std::uint8_t>(element_size(dtype) * 8);
+  switch (dtype) {
+    case DType::u8: return {kDLUInt, bits, 1};
+    case DType::i8:
+    case DType::i16:
+    case DType::i32:
+    case DType::i64: return {kDLInt, bits, 1};
+    case DType::f16:
+    case DType::f32:
+    case DType::f64: return {kDLFloat, bits, 1};
+    case DType::bf16: return {kDLBfloat, bits, 1};
+    case DType::boolean: return {kBoolCode, 8, 1};
+  }
+  return {kDLUInt, 8, 1};
+}
+
+DType from_dl(DLDataType t) {
+  if (t.lanes != 1) throw std::invalid_argument("forkpool: from_dlpack: vector dtypes (lanes > 1) are not supported");
+  switch (t.code) {
+    case kDLUInt:
+      if (t.bits == 8) return DType::u8;
+      break;
+    case kDLInt:
+      if (t.bits == 8) return DType::i8;
+      if (t.bits == 16) return DType::i16;
+      if (t.bits == 32) return DType::i32;
+      if (t.bits == 64) return DType::i64;
+      break;
+    case kDLFloat:
+      if (t.bits == 16) return DType::f16;
+      if (t.bits == 32) return DType::f32;
+      if (t.bits == 64) return DType::f64;
+      break;
+    case kDLBfloat:
+      if (t.bits == 16) return DType::bf16;
+      break;
+    case kBoolCode:
+      if (t.bits == 8) return DType::boolean;
+      break;
+  }
+  throw std::invalid_argument("forkpool: from_dlpack: unsupported dtype (code " + std::to_string(t.code) + ", " +
+                              std::to_string(t.bits) + " bits)");
+}
+
+}  // namespace
+
+DLManagedTensor* to_dlpack(const Tensor& tensor) {
+  auto context = std::make_unique<Context>();
+  context->tensor = tensor;
+  context->shape.assign(tensor.shape().begin(), tensor.shape().end());
+  context->strides.assign(tensor.strides().begin(), tensor.strides().end());
+  DLTensor& dl = context->managed.dl_tensor;
+  dl.data = tensor.storage() ? tensor.storage()->data() : nullptr;
+  dl.device = {kDLCPU, 0};
+  dl.ndim = static_cast<std::int32_t>(context->shape.size());
+  dl.dtype = to_dl(tensor.dtype());
+  dl.shape = context->shape.data();
+  dl.strides = context->strides.data();
+  dl.byte_offset = static_cast<std::uint64_t>(tensor.storage_offset());
+  context->managed.manager_ctx = context.get();
+  context->managed.deleter = &delete_context;
+  return &context.release()->managed;
+}
+
+Tensor from_dlpack(DLManagedTensor* managed) {
+  if (!managed) throw std::invalid_argument("forkpool: from_dlpack: null tensor");
+  if (managed->deleter == &delete_context) {
+    Tensor tensor = static_cast<Context*>(managed->manager_ctx)->tensor;  // ours: the same shared storage
+    managed->deleter(managed);
+    return tensor;
+  }
+  // Whatever happens below, the producer's memory is released exactly once.
+  std::shared_ptr<DLManagedTensor> owner(managed, [](DLManagedTensor* m) {
+    if (m->deleter) m->deleter(m);
+  });
+  const DLTensor& dl = managed->dl_tensor;
+  if (dl.device.device_type != kDLCPU) throw std::invalid_argument("forkpool: from_dlpack: only CPU memory can be shared");
+  if (dl.ndim < 0) throw std::invalid_argument("forkpool: from_dlpack: negative ndim");
+  DType dtype = from_dl(dl.dtype);
+  std::vector<std::int64_t> shape(dl.shape, dl.shape + dl.ndim);
+  std::vector<std::int64_t> strides =
+      dl.strides ? std::vector<std::int64_t>(dl.strides, dl.strides + dl.ndim) : detail::contiguous_strides(shape);
+  auto extent = detail::view_extent(shape, strides, element_size(dtype));
+  if (!extent) throw std::invalid_argument("forkpool: from_dlpack: negative or overflowing shape or strides");
+  auto* base = static_cast<std::byte*>(dl.data) + dl.byte_offset;
+  auto storage = Storage::external(base, *extent, [owner] {});
+  return Tensor::from_storage(std::move(storage), 0, std::move(shape), std::move(strides), dtype);
+}
+
+}  // namespace forkpool

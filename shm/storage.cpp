@@ -1,0 +1,178 @@
+#include "shm/storage.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <absl/container/flat_hash_map.h>
+
+#include <atomic>
+#include <cstring>
+#include <random>
+#include <string>
+
+#include "ipc/memfd.hpp"
+#include "runtime/error.hpp"
+#include "shm/name_tracker.hpp"
+
+namespace forkpool {
+namespace {
+
+// A named segment starts with this header; the tensor bytes follow it.
+struct SegmentHeader {
+  std::atomic<std::int64_t> holders;  // processes (and messages in flight) holding the segment
+  char padding[56];
+};
+static_assert(sizeof(SegmentHeader) == 64);
+constexpr std::size_t kSegmentDataOffset = sizeof(SegmentHeader);
+constexpr const char* kSegmentPrefix = "forkpool-";
+
+struct InodeKey {
+  dev_t device;
+  ino_t inode;
+  bool operator==(const InodeKey&) const = default;
+  template <class H>
+  friend H AbslHashValue(H h, const InodeKey& k) {
+    return H::combine(std::move(h), k.device, k.inode);
+  }
+};
+
+// The storages this process maps, by inode: receiving one again reuses the mapping.
+absl::flat_hash_map<InodeKey, std::weak_ptr<Storage>>& mapped_storages() {
+  static auto* map = new absl::flat_hash_map<InodeKey, std::weak_ptr<Storage>>();
+  return *map;
+}
+
+std::string random_segment_name() {
+  // Fresh entropy each time: a generator's state would be copied into forked children.
+  std::random_device entropy;
+  auto bits = (static_cast<unsigned long long>(entropy()) << 32) | entropy();
+  char suffix[17];
+  std::snprintf(suffix, sizeof suffix, "%016llx", bits);
+  return std::string(kSegmentPrefix) + std::to_string(getpid()) + "-" + suffix;
+}
+
+struct stat stat_of(int fd, const char* what) {
+  struct stat st {};
+  if (fstat(fd, &st) < 0) throw ProtocolError(std::string(what) + ": fstat failed: " + strerror(errno));
+  return st;
+}
+
+}  // namespace
+
+std::shared_ptr<Storage> Storage::allocate(std::size_t bytes) {
+  std::shared_ptr<Storage> storage(new Storage());
+  if (get_sharing_strategy() == SharingStrategy::file_descriptor) {
+    storage->fd_ = create_memfd("forkpool-tensor", bytes);
+    seal_size(storage->fd_.get());
+    storage->mapping_ = Mapping::map(storage->fd_.get(), bytes, PROT_READ | PROT_WRITE);
+    storage->data_ = storage->mapping_.data();
+  } else {
+    storage->kind_ = Kind::named;
+    for (int attempt = 0; !storage->fd_; ++attempt) {
+      storage->name_ = random_segment_name();
+      int fd = open(("/dev/shm/" + storage->name_).c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+      if (fd >= 0) storage->fd_.reset(fd);
+      else if (errno != EEXIST || attempt > 8) throw_last_errno("forkpool: creating a /dev/shm segment");
+    }
+    detail::track_segment_name(storage->name_);
+    if (ftruncate(storage->fd_.get(), static_cast<off_t>(kSegmentDataOffset + bytes)) < 0)
+      throw_last_errno("forkpool: sizing a /dev/shm segment");
+    storage->mapping_ = Mapping::map(storage->fd_.get(), kSegmentDataOffset + bytes, PROT_READ | PROT_WRITE);
+    storage->data_ = storage->mapping_.data() + kSegmentDataOffset;
+    storage->holders()->store(1);
+  }
+  storage->size_ = bytes;
+  struct stat st = stat_of(storage->fd_.get(), "forkpool: new storage");
+  remember(storage, st.st_dev, st.st_ino);
+  return storage;
+}
+
+std::shared_ptr<Storage> Storage::external(std::byte* data, std::size_t bytes, std::function<void()> release) {
+  std::shared_ptr<Storage> storage(new Storage());
+  storage->kind_ = Kind::external;
+  storage->data_ = data;
+  storage->size_ = bytes;
+  storage->release_ = std::move(release);
+  return storage;
+}
+
+std::shared_ptr<Storage> Storage::adopt_memfd(UniqueFd fd, std::size_t min_bytes) {
+  std::size_t size = check_sealed_memfd(fd.get(), min_bytes, "forkpool: tensor storage");
+  struct stat st = stat_of(fd.get(), "forkpool: tensor storage");
+  if (auto known = cached(st.st_dev, st.st_ino)) return known;  // already mapped here
+  std::shared_ptr<Storage> storage(new Storage());
+  storage->mapping_ = Mapping::map(fd.get(), size, PROT_READ | PROT_WRITE);
+  storage->data_ = storage->mapping_.data();
+  storage->size_ = size;
+  storage->fd_ = std::move(fd);
+  remember(storage, st.st_dev, st.st_ino);
+  return storage;
+}
+
+std::shared_ptr<Storage> Storage::adopt_named(const std::string& name, std::size_t min_bytes) {
+  if (name.rfind(kSegmentPrefix, 0) != 0 || name.find('/') != std::string::npos || name.size() > 200)
+    throw ProtocolError("forkpool: \"" + name + "\" is not a forkpool segment name");
+  UniqueFd fd(open(("/dev/shm/" + name).c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW));
+  if (!fd) throw ProtocolError("forkpool: cannot open segment " + name + ": " + strerror(errno));
+  struct stat st = stat_of(fd.get(), "forkpool: segment");
+  if (!S_ISREG(st.st_mode)) throw ProtocolError("forkpool: segment " + name + " is not a regular file");
+  if (st.st_uid != geteuid()) throw ProtocolError("forkpool: segment " + name + " belongs to another user");
+  auto size = static_cast<std::size_t>(st.st_size);
+  if (size < kSegmentDataOffset || size - kSegmentDataOffset < min_bytes)
+    throw ProtocolError("forkpool: segment " + name + " is shorter than claimed");
+  if (auto known = cached(st.st_dev, st.st_ino)) {
+    known->holders()->fetch_sub(1);  // we hold it already: the message's reference is not needed
+    return known;
+  }
+  std::shared_ptr<Storage> storage(new Storage());
+  storage->kind_ = Kind::named;
+  storage->name_ = name;
+  detail::track_segment_name(name);
+  storage->mapping_ = Mapping::map(fd.get(), size, PROT_READ | PROT_WRITE);
+  storage->data_ = storage->mapping_.data() + kSegmentDataOffset;
+  storage->size_ = size - kSegmentDataOffset;
+  storage->fd_ = std::move(fd);
+  remember(storage, st.st_dev, st.st_ino);
+  return storage;
+}
+
+Storage::~Storage() {
+  if (cached_) {
+    auto& map = mapped_storages();
+    auto it = map.find(InodeKey{device_, inode_});
+    if (it != map.end() && it->second.expired()) map.erase(it);
+  }
+  if (kind_ == Kind::named && holders()->fetch_sub(1) == 1) {
+    // The last holder anywhere: the name is no longer needed by any process. (Otherwise a
+    // message may still carry it: this process stays registered, so that its death dooms the
+    // name unless a receiver registers in time.)
+    unlink(("/dev/shm/" + name_).c_str());
+    detail::untrack_segment_name(name_);
+  }
+  if (release_) release_();
+}
+
+void Storage::add_message_reference() {
+  if (kind_ == Kind::named) holders()->fetch_add(1);
+}
+
+std::atomic<std::int64_t>* Storage::holders() const noexcept {
+  return &reinterpret_cast<SegmentHeader*>(mapping_.data())->holders;
+}
+
+std::shared_ptr<Storage> Storage::cached(dev_t device, ino_t inode) {
+  auto& map = mapped_storages();
+  auto it = map.find(InodeKey{device, inode});
+  return it == map.end() ? nullptr : it->second.lock();
+}
+
+void Storage::remember(const std::shared_ptr<Storage>& storage, dev_t device, ino_t inode) {
+  storage->device_ = device;
+  storage->inode_ = inode;
+  storage->cached_ = true;
+  mapped_storages()[InodeKey{device, inode}] = storage;
+}
+
+}  // namespace forkpool

@@ -1,0 +1,151 @@
+#include "shm/tensor.hpp"
+
+#include <cstring>
+#include <numeric>
+
+namespace forkpool {
+
+std::size_t element_size(DType dtype) noexcept {
+  switch (dtype) {
+    case DType::u8:
+    case DType::i8:
+    case DType::boolean: return 1;
+    case DType::i16:
+    case DType::f16:
+    case DType::bf16: return 2;
+    case DType::i32:
+    case DType::f32: return 4;
+    case DType::i64:
+    case DType::f64: return 8;
+  }
+  return 1;
+}
+
+const char* dtype_name(DType dtype) noexcept {
+  static constexpr const char* names[] = {"u8", "i8", "i16", "i32", "i64", "f16", "bf16", "f32", "f64", "boolean"};
+  return names[static_cast<int>(dtype)];
+}
+
+namespace detail {
+
+std::optional<std::size_t> view_extent(std::span<const std::int64_t> shape, std::span<const std::int64_t> strides,
+                                       std::size_t element_bytes) {
+  if (shape.size() != strides.size()) return std::nullopt;
+  std::uint64_t last = 0;  // index of the last element reached
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] < 0 || strides[i] < 0) return std::nullopt;
+    if (shape[i] == 0) return 0;
+    std::uint64_t step;
+    if (__builtin_mul_overflow(static_cast<std::uint64_t>(shape[i] - 1), static_cast<std::uint64_t>(strides[i]), &step) ||
+        __builtin_add_overflow(last, step, &last))
+      return std::nullopt;
+  }
+  std::uint64_t bytes;
+  if (__builtin_add_overflow(last, 1, &bytes) || __builtin_mul_overflow(bytes, element_bytes, &bytes) ||
+      bytes > (std::uint64_t{1} << 62))
+    return std::nullopt;
+  return static_cast<std::size_t>(bytes);
+}
+
+std::vector<std::int64_t> contiguous_strides(std::span<const std::int64_t> shape) {
+  std::vector<std::int64_t> strides(shape.size());
+  std::int64_t step = 1;
+  for (std::size_t i = shape.size(); i-- > 0;) {
+    strides[i] = step;
+    step *= std::max<std::int64_t>(shape[i], 1);
+  }
+  return strides;
+}
+
+}  // namespace detail
+
+Tensor Tensor::empty(std::vector<std::int64_t> shape, DType dtype) {
+  std::vector<std::int64_t> strides = detail::contiguous_strides(shape);
+  auto extent = detail::view_extent(shape, strides, element_size(dtype));
+  if (!extent) throw std::invalid_argument("forkpool: Tensor shape has a negative or too large size");
+  return from_storage(Storage::allocate(*extent), 0, std::move(shape), std::move(strides), dtype);
+}
+
+Tensor Tensor::zeros(std::vector<std::int64_t> shape, DType dtype) {
+  return empty(std::move(shape), dtype);  // new shared memory is zero-filled by the kernel
+}
+
+Tensor Tensor::from_storage(std::shared_ptr<Storage> storage, std::int64_t byte_offset,
+                            std::vector<std::int64_t> shape, std::vector<std::int64_t> strides, DType dtype) {
+  auto extent = detail::view_extent(shape, strides, element_size(dtype));
+  if (!extent || byte_offset < 0 || !storage ||
+      static_cast<std::uint64_t>(byte_offset) + *extent > storage->size())
+    throw std::invalid_argument("forkpool: the tensor's view does not fit in its storage");
+  Tensor t;
+  t.storage_ = std::move(storage);
+  t.offset_ = byte_offset;
+  t.shape_ = std::move(shape);
+  t.strides_ = std::move(strides);
+  t.dtype_ = dtype;
+  return t;
+}
+
+std::int64_t Tensor::numel() const noexcept {
+  if (!storage_) return 0;
+  return std::accumulate(shape_.begin(), shape_.end(), std::int64_t{1}, std::multiplies<>());
+}
+
+bool Tensor::is_contiguous() const noexcept { return strides_ == detail::contiguous_strides(shape_); }
+
+Tensor& Tensor::share_memory_() {
+  if (is_shared()) return *this;
+  Tensor copy = empty(shape_, dtype_);
+  // Copy element by element in index order (the source may be strided).
+  std::size_t element = element_size(dtype_);
+  std::vector<std::int64_t> index(shape_.size(), 0);
+  auto* out = static_cast<std::byte*>(copy.raw_data());
+  const auto* in = static_cast<const std::byte*>(raw_data());
+  for (std::int64_t n = 0; n < numel(); ++n) {
+    std::int64_t source = 0;
+    for (std::size_t d = 0; d < shape_.size(); ++d) source += index[d] * strides_[d];
+    std::memcpy(out + n * element, in + source * element, element);
+    for (std::size_t d = shape_.size(); d-- > 0;) {
+      if (++index[d] < shape_[d]) break;
+      index[d] = 0;
+    }
+  }
+  *this = std::move(copy);
+  return *this;
+}
+
+Tensor Tensor::view(std::vector<std::int64_t> shape) const {
+  if (!is_contiguous()) throw std::invalid_argument("forkpool: Tensor::view needs a contiguous tensor");
+  std::int64_t known = 1;
+  int inferred = -1;
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == -1 && inferred < 0) {
+      inferred = static_cast<int>(i);
+    } else if (shape[i] < 0) {
+      throw std::invalid_argument("forkpool: Tensor::view: invalid size");
+    } else {
+      known *= shape[i];
+    }
+  }
+  if (inferred >= 0) shape[inferred] = known ? numel() / known : 0;
+  std::int64_t total = std::accumulate(shape.begin(), shape.end(), std::int64_t{1}, std::multiplies<>());
+  if (total != numel())
+    throw std::invalid_argument("forkpool: Tensor::view: " + std::to_string(total) + " elements for a tensor of " +
+                                std::to_string(numel()));
+  std::vector<std::int64_t> strides = detail::contiguous_strides(shape);
+  return from_storage(storage_, offset_, std::move(shape), std::move(strides), dtype_);
+}
+
+Tensor Tensor::slice(int dim, std::int64_t begin, std::int64_t end) const {
+  int ndim = static_cast<int>(shape_.size());
+  if (dim < 0) dim += ndim;
+  if (dim < 0 || dim >= ndim) throw std::out_of_range("forkpool: Tensor::slice: dimension out of range");
+  std::int64_t size = shape_[dim];
+  begin = std::clamp<std::int64_t>(begin < 0 ? begin + size : begin, 0, size);
+  end = std::clamp<std::int64_t>(end < 0 ? end + size : end, begin, size);
+  std::vector<std::int64_t> shape = shape_;
+  shape[dim] = end - begin;
+  auto offset = offset_ + begin * strides_[dim] * static_cast<std::int64_t>(element_size(dtype_));
+  return from_storage(storage_, offset, std::move(shape), strides_, dtype_);
+}
+
+}  // namespace forkpool

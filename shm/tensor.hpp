@@ -1,0 +1,89 @@
+#pragma once
+// Tensor: an n-dimensional view (shape, strides, dtype, byte offset) of a Storage. Copies are
+// cheap and share the storage, as do views and slices. Tensors made here live in shared memory
+// from birth: sent to a worker or returned from one, they are the same memory on both sides.
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "shm/dtype.hpp"
+#include "shm/storage.hpp"
+
+namespace forkpool {
+
+class Tensor {
+ public:
+  // No storage; numel() == 0.
+  Tensor() = default;
+
+  // Shared from birth (the kind of storage follows get_sharing_strategy()), zero-filled.
+  static Tensor empty(std::vector<std::int64_t> shape, DType dtype);
+  static Tensor zeros(std::vector<std::int64_t> shape, DType dtype);
+  // Copies `values` once into new shared storage; numel of `shape` must equal values.size().
+  template <class T>
+  static Tensor from(std::span<const T> values, std::vector<std::int64_t> shape) {
+    Tensor t = empty(std::move(shape), dtype_of<T>());
+    if (static_cast<std::size_t>(t.numel()) != values.size())
+      throw std::invalid_argument("forkpool: Tensor::from: " + std::to_string(values.size()) +
+                                  " values for a shape of " + std::to_string(t.numel()) + " elements");
+    if (!values.empty()) std::memcpy(t.raw_data(), values.data(), values.size_bytes());
+    return t;
+  }
+  // A tensor over existing storage. Throws std::invalid_argument when the view does not fit in it.
+  static Tensor from_storage(std::shared_ptr<Storage> storage, std::int64_t byte_offset,
+                             std::vector<std::int64_t> shape, std::vector<std::int64_t> strides, DType dtype);
+
+  std::span<const std::int64_t> shape() const noexcept { return shape_; }
+  std::span<const std::int64_t> strides() const noexcept { return strides_; }  // in elements
+  DType dtype() const noexcept { return dtype_; }
+  std::int64_t numel() const noexcept;
+  std::size_t nbytes() const noexcept { return static_cast<std::size_t>(numel()) * element_size(dtype_); }
+  std::int64_t dim() const noexcept { return static_cast<std::int64_t>(shape_.size()); }
+  bool is_contiguous() const noexcept;
+
+  // The first element. Throws std::invalid_argument if T does not match dtype().
+  template <class T>
+  T* data() const {
+    if (dtype_of<T>() != dtype_)
+      throw std::invalid_argument(std::string("forkpool: Tensor::data<") + dtype_name(dtype_of<T>()) +
+                                  ">() on a tensor of dtype " + dtype_name(dtype_));
+    return static_cast<T*>(raw_data());
+  }
+  void* raw_data() const noexcept { return storage_ ? storage_->data() + offset_ : nullptr; }
+
+  bool is_shared() const noexcept { return !storage_ || storage_->is_shared(); }
+  // Moves the data into shared memory (one copy) if it is not there yet.
+  Tensor& share_memory_();
+
+  // The same elements in another shape (the tensor must be contiguous); one dimension may be -1.
+  Tensor view(std::vector<std::int64_t> shape) const;
+  // Elements [begin, end) along `dim` (negative dim counts from the end); shares the storage.
+  Tensor slice(int dim, std::int64_t begin, std::int64_t end) const;
+
+  const std::shared_ptr<Storage>& storage() const noexcept { return storage_; }
+  std::int64_t storage_offset() const noexcept { return offset_; }  // in bytes
+
+ private:
+  std::shared_ptr<Storage> storage_;
+  std::int64_t offset_ = 0;
+  std::vector<std::int64_t> shape_;
+  std::vector<std::int64_t> strides_;
+  DType dtype_ = DType::f32;
+};
+
+namespace detail {
+// Bytes a view reaches from its offset (0 for no elements); nullopt on overflow or a negative
+// size or stride.
+std::optional<std::size_t> view_extent(std::span<const std::int64_t> shape, std::span<const std::int64_t> strides,
+                                       std::size_t element_bytes);
+std::vector<std::int64_t> contiguous_strides(std::span<const std::int64_t> shape);
+}  // namespace detail
+
+}  // namespace forkpool

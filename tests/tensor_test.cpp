@@ -1,0 +1,393 @@
+// Shared tensors on real memfds, /dev/shm segments, sockets and forked workers.
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ipc/channel.hpp"
+#include "ipc/memfd.hpp"
+#include "runtime/pool.hpp"
+#include "shm/dlpack.hpp"
+#include "shm/sharing.hpp"
+#include "shm/tensor.hpp"
+#include "shm/tensor_codec.hpp"
+#include "tests/support.hpp"
+
+namespace forkpool {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Sends `tensor` through a socketpair and decodes what arrives, as another process would.
+Tensor through_channel(const Tensor& tensor) {
+  auto [a, b] = Channel::make_pair();
+  Writer w = encode(tensor);
+  a.send(1, 1, w.bytes(), w.fds());
+  Message m = b.receive();
+  Reader r = m.reader();
+  Tensor out = r.read<Tensor>();
+  r.expect_end();
+  return out;
+}
+
+Tensor fill_ones(Tensor t) {
+  float* data = t.data<float>();
+  for (std::int64_t i = 0; i < t.numel(); ++i) data[i] = 1.0f;
+  return t;
+}
+
+Tensor make_in_worker(int n) {
+  Tensor t = Tensor::empty({n}, DType::i32);
+  for (int i = 0; i < n; ++i) t.data<std::int32_t>()[i] = i * 3;
+  return t;
+}
+
+// Touches the first and last element, as torch's benchmark does, and returns the tensor.
+Tensor touch_ends(Tensor t) {
+  auto* bytes = static_cast<std::uint8_t*>(t.raw_data());
+  bytes[0] += 1;
+  bytes[t.nbytes() - 1] += 1;
+  return t;
+}
+
+float first_element(Tensor t) { return t.data<float>()[0]; }
+float sleep_and_hold(Tensor t) {
+  std::this_thread::sleep_for(std::chrono::seconds(30));
+  return t.data<float>()[0];
+}
+
+class SharingStrategies : public ::testing::TestWithParam<SharingStrategy> {
+ protected:
+  void SetUp() override { set_sharing_strategy(GetParam()); }
+  void TearDown() override { set_sharing_strategy(SharingStrategy::file_descriptor); }
+};
+
+TEST(Tensor, HasShapeStridesAndDtype) {
+  Tensor t = Tensor::zeros({2, 3, 4}, DType::f32);
+  EXPECT_EQ(std::vector<std::int64_t>(t.shape().begin(), t.shape().end()), (std::vector<std::int64_t>{2, 3, 4}));
+  EXPECT_EQ(std::vector<std::int64_t>(t.strides().begin(), t.strides().end()), (std::vector<std::int64_t>{12, 4, 1}));
+  EXPECT_EQ(t.numel(), 24);
+  EXPECT_EQ(t.nbytes(), 96u);
+  EXPECT_TRUE(t.is_shared());
+  EXPECT_EQ(t.data<float>()[23], 0.0f);
+}
+
+TEST(Tensor, DefaultIsEmptyWithoutStorage) {
+  Tensor t;
+  EXPECT_EQ(t.numel(), 0);
+  EXPECT_EQ(t.raw_data(), nullptr);
+  EXPECT_EQ(through_channel(t).numel(), 0);
+}
+
+TEST(Tensor, DataOfTheWrongTypeThrows) {
+  Tensor t = Tensor::zeros({4}, DType::i32);
+  EXPECT_THROW(t.data<float>(), std::invalid_argument);
+  EXPECT_NO_THROW(t.data<std::int32_t>());
+}
+
+TEST(Tensor, FromCopiesValuesOnce) {
+  std::vector<double> values{1, 2, 3, 4, 5, 6};
+  Tensor t = Tensor::from<double>(values, {2, 3});
+  values[0] = 100;
+  EXPECT_EQ(t.data<double>()[0], 1.0);
+  EXPECT_EQ(t.data<double>()[5], 6.0);
+  EXPECT_THROW(Tensor::from<double>(values, {4}), std::invalid_argument);
+}
+
+TEST(Tensor, ViewsAndSlicesShareStorage) {
+  std::vector<std::int32_t> values(12);
+  std::iota(values.begin(), values.end(), 0);
+  Tensor t = Tensor::from<std::int32_t>(values, {3, 4});
+  Tensor flat = t.view({-1});
+  EXPECT_EQ(flat.numel(), 12);
+  Tensor row = t.slice(0, 1, 2);
+  EXPECT_EQ(row.data<std::int32_t>()[0], 4);
+  Tensor column = t.slice(1, 2, 3);
+  EXPECT_EQ(column.shape()[0], 3);
+  EXPECT_EQ(column.data<std::int32_t>()[column.strides()[0]], 6);
+  row.data<std::int32_t>()[0] = 40;
+  EXPECT_EQ(t.data<std::int32_t>()[4], 40);
+  EXPECT_EQ(flat.data<std::int32_t>()[4], 40);
+  EXPECT_THROW(column.view({3}), std::invalid_argument);  // not contiguous
+  EXPECT_THROW(t.view({5}), std::invalid_argument);
+  EXPECT_THROW(Tensor::empty({-1}, DType::f32), std::invalid_argument);
+}
+
+TEST(Tensor, SharingStrategiesAreListedAndSettable) {
+  EXPECT_EQ(get_sharing_strategy(), SharingStrategy::file_descriptor);
+  EXPECT_EQ(get_all_sharing_strategies().size(), 2u);
+  set_sharing_strategy(SharingStrategy::file_system);
+  EXPECT_EQ(get_sharing_strategy(), SharingStrategy::file_system);
+  set_sharing_strategy(SharingStrategy::file_descriptor);
+}
+
+TEST_P(SharingStrategies, ASentTensorIsTheSameMemory) {
+  Tensor t = Tensor::zeros({16}, DType::f32);
+  Tensor received = through_channel(t);
+  received.data<float>()[3] = 7.0f;
+  EXPECT_EQ(t.data<float>()[3], 7.0f);
+  // Already mapped here: reused, not mapped again.
+  EXPECT_EQ(received.raw_data(), t.raw_data());
+}
+
+TEST_P(SharingStrategies, SlicesAndViewsKeepTheirOffsets) {
+  std::vector<float> values(100);
+  std::iota(values.begin(), values.end(), 0.0f);
+  Tensor t = Tensor::from<float>(values, {10, 10});
+  Tensor column = through_channel(t.slice(0, 2, 5).slice(1, 3, 4));
+  ASSERT_EQ(column.numel(), 3);
+  EXPECT_EQ(column.data<float>()[0], 23.0f);
+  EXPECT_EQ(column.data<float>()[column.strides()[0] * 2], 43.0f);
+  Tensor view = through_channel(t.view({4, 25}).slice(0, 1, 2));
+  EXPECT_EQ(view.data<float>()[0], 25.0f);
+}
+
+TEST_P(SharingStrategies, AWorkersWritesAreSeenByTheParent) {
+  Pool pool({.processes = 2, .start_method = StartMethod::fork});
+  Tensor t = Tensor::zeros({1024, 1024}, DType::f32);
+  Tensor same = pool.apply_async(fill_ones, t).get();
+  EXPECT_EQ(t.data<float>()[0], 1.0f);
+  EXPECT_EQ(t.data<float>()[1024 * 1024 - 1], 1.0f);
+  EXPECT_EQ(same.raw_data(), t.raw_data());
+  EXPECT_EQ(pool.apply_async(first_element, t).get(), 1.0f);
+}
+
+TEST_P(SharingStrategies, ATensorMadeInAWorkerOutlivesTheWorker) {
+  Pool pool({.processes = 1, .maxtasksperchild = 1, .start_method = StartMethod::forkserver});
+  Tensor t = pool.apply_async(make_in_worker, 1000).get();
+  auto pids = pool.worker_pids();
+  pool.close();
+  run(pool.join());
+  for (pid_t pid : pids) EXPECT_FALSE(testing::process_alive(pid));
+  ASSERT_EQ(t.numel(), 1000);
+  EXPECT_EQ(t.data<std::int32_t>()[999], 999 * 3);
+}
+
+INSTANTIATE_TEST_SUITE_P(Both, SharingStrategies,
+                         ::testing::Values(SharingStrategy::file_descriptor, SharingStrategy::file_system),
+                         [](const auto& info) {
+                           return info.param == SharingStrategy::file_descriptor ? "file_descriptor" : "file_system";
+                         });
+
+TEST(Tensor, AOneGiBTensorRoundTripsThroughAWorker) {
+  Pool pool({.processes = 1});
+  Tensor t = Tensor::zeros({1 << 28}, DType::f32);  // 1 GiB
+  Tensor back = pool.apply_async(touch_ends, t).get();
+  EXPECT_EQ(back.nbytes(), std::size_t{1} << 30);
+  EXPECT_EQ(static_cast<std::uint8_t*>(t.raw_data())[0], 1);
+  EXPECT_EQ(static_cast<std::uint8_t*>(t.raw_data())[(std::size_t{1} << 30) - 1], 1);
+}
+
+// A hand-made tensor message, as a lying peer would send it.
+void expect_rejected(std::uint8_t kind, int fd, std::uint64_t storage_size, std::vector<std::int64_t> shape,
+                     std::vector<std::int64_t> strides, const char* fragment) {
+  auto [a, b] = Channel::make_pair();
+  Writer w;
+  w.write(kind);
+  w.write(fd >= 0 ? w.attach_fd(fd) : 0u);
+  w.write(storage_size);
+  w.write(std::int64_t{0});
+  w.write(DType::f32);
+  w.write(shape);
+  w.write(strides);
+  a.send(1, 1, w.bytes(), w.fds());
+  Message m = b.receive();
+  Reader r = m.reader();
+  try {
+    r.read<Tensor>();
+    FAIL() << "accepted";
+  } catch (const ProtocolError& e) {
+    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+  }
+}
+
+TEST(Tensor, MalformedTensorsAreProtocolErrors) {
+  constexpr std::uint8_t kMemfd = 1;
+  char path[] = "/tmp/forkpool-regular-XXXXXX";
+  UniqueFd regular(mkstemp(path));
+  unlink(path);
+  ASSERT_EQ(ftruncate(regular.get(), 4096), 0);
+  expect_rejected(kMemfd, regular.get(), 4096, {16}, {1}, "not a memfd");
+
+  int pipe_fds[2];
+  ASSERT_EQ(pipe2(pipe_fds, O_CLOEXEC), 0);
+  UniqueFd pipe_read(pipe_fds[0]), pipe_write(pipe_fds[1]);
+  expect_rejected(kMemfd, pipe_read.get(), 64, {16}, {1}, "not a memfd");
+
+  UniqueFd unsealed = create_memfd("unsealed", 4096);
+  expect_rejected(kMemfd, unsealed.get(), 4096, {16}, {1}, "not sealed");
+
+  UniqueFd small = create_memfd("small", 64);
+  seal_size(small.get());
+  expect_rejected(kMemfd, small.get(), 1 << 20, {1024}, {1}, "holds 64 bytes");
+  expect_rejected(kMemfd, small.get(), 64, {1024}, {1}, "exceeds its storage");
+  expect_rejected(kMemfd, small.get(), 64, {std::int64_t{1} << 62, 4}, {4, 1}, "overflow");
+  expect_rejected(kMemfd, small.get(), 64, {-4}, {1}, "negative");
+  expect_rejected(kMemfd, small.get(), 64, {4, 4}, {1}, "mismatched");
+}
+
+TEST(Tensor, ASegmentNameThatIsNotForkpoolsIsAProtocolError) {
+  auto [a, b] = Channel::make_pair();
+  Writer w;
+  w.write(std::uint8_t{2});  // a named segment
+  w.write(std::string("../etc/passwd"));
+  w.write(std::uint64_t{64});
+  w.write(std::int64_t{0});
+  w.write(DType::f32);
+  w.write(std::vector<std::int64_t>{4});
+  w.write(std::vector<std::int64_t>{1});
+  a.send(1, 1, w.bytes());
+  Message m = b.receive();
+  EXPECT_THROW(decode<Tensor>(m.payload.bytes()), ProtocolError);
+}
+
+TEST(Tensor, AHundredThousandReceivedTensorsNeverExhaustDescriptors) {
+  int status = testing::run_in_child([] {
+    rlimit limit{256, 256};
+    if (setrlimit(RLIMIT_NOFILE, &limit) != 0) throw std::runtime_error("setrlimit");
+    auto [receiver, sender] = Channel::make_pair();
+    pid_t pid = fork();
+    if (pid == 0) {
+      receiver.release().reset();
+      for (int i = 0; i < 100'000; ++i) {
+        Tensor t = Tensor::empty({4}, DType::i32);  // distinct storage each time
+        t.data<std::int32_t>()[0] = i;
+        Writer w = encode(t);
+        sender.send(1, i, w.bytes(), w.fds());
+        if (i % 64 == 63) sender.receive();  // bounded in flight
+      }
+      _exit(0);
+    }
+    sender.release().reset();
+    for (int i = 0; i < 100'000; ++i) {
+      Message m = receiver.receive();
+      Tensor t = decode<Tensor>(m.payload.bytes(), m.fds);
+      if (t.data<std::int32_t>()[0] != i) throw std::runtime_error("wrong tensor");
+      if (i % 64 == 63) receiver.send(2, i, {});
+    }
+    int child = 0;
+    waitpid(pid, &child, 0);
+    if (!WIFEXITED(child) || WEXITSTATUS(child) != 0) throw std::runtime_error("sender failed");
+  });
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+long shmem_kib() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  long value;
+  std::string unit;
+  while (meminfo >> key >> value >> unit)
+    if (key == "Shmem:") return value;
+  return -1;
+}
+
+std::vector<std::string> segments_of(pid_t pid) {
+  std::vector<std::string> found;
+  std::string prefix = "forkpool-" + std::to_string(pid) + "-";
+  if (DIR* dir = opendir("/dev/shm")) {
+    while (dirent* entry = readdir(dir))
+      if (std::string(entry->d_name).rfind(prefix, 0) == 0) found.push_back(entry->d_name);
+    closedir(dir);
+  }
+  return found;
+}
+
+TEST_P(SharingStrategies, AParentKilledWithTensorsInFlightLeavesNothingBehind) {
+  SharingStrategy strategy = GetParam();
+  long shmem_before = shmem_kib();
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  pid_t parent = fork();
+  if (parent == 0) {
+    set_sharing_strategy(strategy);
+    Pool pool({.processes = 2, .start_method = StartMethod::fork});
+    Tensor big = Tensor::empty({64 << 20}, DType::f32);  // 256 MiB, touched below
+    std::memset(big.raw_data(), 1, big.nbytes());
+    std::vector<AsyncResult<float>> in_flight;
+    for (int i = 0; i < 4; ++i) in_flight.push_back(pool.apply_async(first_element, big));
+    pool.apply_async(sleep_and_hold, Tensor::zeros({1024}, DType::f32));
+    std::this_thread::sleep_for(50ms);
+    char one = 1;
+    (void)!write(ready[1], &one, 1);
+    pause();
+    _exit(0);
+  }
+  close(ready[1]);
+  char one;
+  ASSERT_EQ(read(ready[0], &one, 1), 1);
+  close(ready[0]);
+  EXPECT_GT(shmem_kib() - shmem_before, 200 * 1024);
+  kill(parent, SIGKILL);
+  waitpid(parent, nullptr, 0);
+  auto deadline = std::chrono::steady_clock::now() + 3s;
+  while ((!segments_of(parent).empty() || shmem_kib() - shmem_before > 64 * 1024) &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(10ms);
+  EXPECT_TRUE(segments_of(parent).empty()) << segments_of(parent).front();
+  EXPECT_LT(shmem_kib() - shmem_before, 64 * 1024) << "shared memory was not returned";
+}
+
+TEST(DLPack, RoundTripKeepsDataShapeStridesAndDtype) {
+  std::vector<std::int16_t> values(24);
+  std::iota(values.begin(), values.end(), 0);
+  Tensor t = Tensor::from<std::int16_t>(values, {4, 6}).slice(1, 1, 4);
+  DLManagedTensor* managed = to_dlpack(t);
+  EXPECT_EQ(managed->dl_tensor.ndim, 2);
+  EXPECT_EQ(managed->dl_tensor.dtype.code, kDLInt);
+  EXPECT_EQ(managed->dl_tensor.dtype.bits, 16);
+  EXPECT_EQ(managed->dl_tensor.strides[0], 6);
+  Tensor back = from_dlpack(managed);
+  EXPECT_TRUE(back.is_shared());
+  EXPECT_EQ(back.raw_data(), t.raw_data());
+  EXPECT_EQ(back.dtype(), DType::i16);
+  EXPECT_EQ(std::vector<std::int64_t>(back.shape().begin(), back.shape().end()), (std::vector<std::int64_t>{4, 3}));
+  EXPECT_EQ(std::vector<std::int64_t>(back.strides().begin(), back.strides().end()), (std::vector<std::int64_t>{6, 1}));
+  EXPECT_EQ(back.data<std::int16_t>()[6], 7);
+}
+
+TEST(DLPack, ForeignMemoryIsNotSharedUntilShareMemoryCopiesIt) {
+  static bool released;
+  released = false;
+  auto* values = new double[6]{1, 2, 3, 4, 5, 6};
+  static std::int64_t shape[] = {2, 3};
+  auto* managed = new DLManagedTensor{};
+  managed->dl_tensor = {values, {kDLCPU, 0}, 2, {kDLFloat, 64, 1}, shape, nullptr, 0};
+  managed->manager_ctx = values;
+  managed->deleter = [](DLManagedTensor* m) {
+    delete[] static_cast<double*>(m->manager_ctx);
+    delete m;
+    released = true;
+  };
+  Tensor t = from_dlpack(managed);
+  EXPECT_FALSE(t.is_shared());
+  EXPECT_EQ(t.data<double>()[4], 5.0);
+  try {
+    encode(t);
+    FAIL() << "an unshared tensor was sent";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("share_memory_()"), std::string::npos);
+  }
+  t.share_memory_();
+  EXPECT_TRUE(released);  // the foreign memory was let go after the copy
+  EXPECT_TRUE(t.is_shared());
+  EXPECT_EQ(t.data<double>()[4], 5.0);
+  EXPECT_EQ(through_channel(t).data<double>()[5], 6.0);
+}
+
+}  // namespace
+}  // namespace forkpool
