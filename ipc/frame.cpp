@@ -63,14 +63,14 @@ msghdr* FrameReceiver::prepare() {
 }
 
 Message FrameReceiver::finish(long result) {
-  if (result == 0) throw ChannelClosed("forkpool: the peer closed the channel");
   if (result < 0) {
     int error = static_cast<int>(-result);
     if (error == ECONNRESET || error == EPIPE || error == ENOTCONN)
       throw ChannelClosed(std::string("forkpool: the peer is gone (") + strerrorname_np(error) + ")");
     throw std::system_error(error, std::generic_category(), "recvmsg");
   }
-  // Own every descriptor that arrived before looking at anything else.
+  // Own every descriptor that arrived before looking at anything else: even an empty datagram
+  // can carry some.
   std::vector<UniqueFd> fds;
   for (cmsghdr* cmsg = CMSG_FIRSTHDR(&msg_); cmsg; cmsg = CMSG_NXTHDR(&msg_, cmsg)) {
     if (cmsg->cmsg_level != SOL_SOCKET || cmsg->cmsg_type != SCM_RIGHTS) continue;
@@ -81,6 +81,8 @@ Message FrameReceiver::finish(long result) {
       fds.emplace_back(fd);
     }
   }
+  if (result == 0 && fds.empty() && !(msg_.msg_flags & MSG_CTRUNC))
+    throw ChannelClosed("forkpool: the peer closed the channel");
   auto fail = [](const std::string& what) -> ProtocolError { return ProtocolError("forkpool: bad frame: " + what); };
   if (msg_.msg_flags & MSG_CTRUNC) throw fail("descriptors were truncated (MSG_CTRUNC)");
   if (msg_.msg_flags & MSG_TRUNC) throw fail("the datagram was larger than any valid frame (MSG_TRUNC)");

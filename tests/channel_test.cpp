@@ -267,3 +267,22 @@ TEST(Channel, AHundredThousandMessagesWithDescriptorsLeakNoDescriptor) {
 
 }  // namespace
 }  // namespace forkpool
+
+namespace forkpool {
+namespace {
+
+TEST(Channel, AnEmptyDatagramWithDescriptorsIsAProtocolErrorAndLeaksNothing) {
+  // Found by the frame fuzzer: zero bytes read looked like end-of-file, and the descriptors
+  // that came with them were never closed.
+  auto [a, b] = Channel::make_pair();
+  int before = testing::open_fd_count();
+  {
+    UniqueFd fd = pipe_read_end("x");
+    send_raw(a.fd(), "", 0, {fd.get()});
+  }
+  expect_protocol_error(b, "shorter than a header");
+  EXPECT_EQ(testing::open_fd_count(), before);
+}
+
+}  // namespace
+}  // namespace forkpool

@@ -1,0 +1,109 @@
+"""Prints the figures and ratios the issues name, from one run of bench/run_all.sh."""
+import json
+import os
+import re
+import sys
+
+out = sys.argv[1]
+
+
+def load(name):
+    path = os.path.join(out, name + ".json")
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return {b["name"]: b for b in json.load(f)["benchmarks"]}
+
+
+def ns(b):
+    scale = {"ns": 1, "us": 1e3, "ms": 1e6, "s": 1e9}[b["time_unit"]]
+    return b["real_time"] * scale
+
+
+def python_figure(file, pattern):
+    path = os.path.join(out, file)
+    if not os.path.exists(path):
+        return None
+    m = re.search(pattern, open(path).read())
+    return float(m.group(1)) if m else None
+
+
+loop, loop_epoll, ipc, pool, tensor = (load(n) for n in ("loop", "loop_epoll", "ipc", "pool", "tensor"))
+rows = []
+
+
+def row(what, figure, ratio=""):
+    rows.append((what, figure, ratio))
+
+
+if loop:
+    lp, raw = loop["BM_LoopPipeWriteRead"], loop["BM_RawUringPipeWriteRead"]
+    row("loop: co_await of a ready task", f"{ns(loop['BM_CoAwaitReadyTask']):.1f} ns")
+    row("loop: sleep_for(0) round trip", f"{ns(loop['BM_SleepForZero']) / 1e3:.1f} us")
+    row("loop: pipe write+read, io_uring loop vs raw liburing", f"{ns(lp):.0f} ns vs {ns(raw):.0f} ns",
+        f"{ns(raw) / ns(lp):.2f}x raw throughput (target >= 0.8)")
+    if loop_epoll:
+        ep = loop_epoll["BM_LoopPipeWriteRead"]
+        row("loop: pipe write+read, epoll backend", f"{ns(ep):.0f} ns", f"io_uring {ns(ep) / ns(lp):.2f}x faster")
+if ipc:
+    rt, raw = ipc["BM_ChannelRoundTrip64B/real_time"], ipc["BM_RawSocketpairPingPong64B/real_time"]
+    row("ipc: 64 B round trip (loop) vs raw blocking ping-pong", f"{ns(rt) / 1e3:.1f} us vs {ns(raw) / 1e3:.1f} us",
+        f"{ns(rt) / ns(raw):.2f}x raw (target <= 1.5)")
+    p = ipc["BM_ChannelPipelined64InFlight/real_time"]
+    row("ipc: 64 in flight to 2 children", f"{p['items_per_second'] / 1e3:.0f} k msg/s")
+    m, s = ipc["BM_Payload64MiBViaMemfd/real_time"], ipc["BM_Payload64MiBViaStreamSocket/real_time"]
+    row("ipc: 64 MiB payload, memfd vs stream socket", f"{ns(m) / 1e6:.1f} ms vs {ns(s) / 1e6:.1f} ms",
+        f"memfd {ns(s) / ns(m):.1f}x faster")
+    for size in (4, 16, 32, 60):
+        i = ipc.get(f"BM_PayloadRoundTrip/{size << 10}/0/real_time")
+        f = ipc.get(f"BM_PayloadRoundTrip/{size << 10}/1/real_time")
+        if i and f:
+            row(f"ipc: {size} KiB payload inline vs memfd", f"{ns(i) / 1e3:.1f} us vs {ns(f) / 1e3:.1f} us")
+if pool:
+    apply_ns = ns(pool["BM_ApplyAsyncRoundTrip/real_time"])
+    raw = ns(pool["BM_RawSocketpairPingPong64B/real_time"])
+    py_apply = python_figure("py_pool.txt", r"Pool.apply_async round trip: ([\d.]+) us")
+    ratio = f"{apply_ns / raw:.2f}x raw ping-pong (target <= 1.5)"
+    if py_apply:
+        ratio += f"; {py_apply * 1e3 / apply_ns:.1f}x faster than CPython Pool ({py_apply:.0f} us; target >= 10)"
+    row("pool: apply_async round trip", f"{apply_ns / 1e3:.1f} us", ratio)
+    for chunk, label, pattern in ((0, "default chunksize", r"default chunksize: ([\d.]+) M"),
+                                  (10000, "chunksize 10000", r"chunksize 10000: ([\d.]+) M")):
+        b = pool[f"BM_Map1MInts/{chunk}/real_time"]
+        rate = b["items_per_second"] / 1e6
+        py = python_figure("py_pool.txt", r"Pool.map 1e6 ints, " + pattern)
+        row(f"pool: map of 1e6 ints, {label}", f"{rate:.1f} M items/s",
+            f"{rate / py:.1f}x CPython Pool ({py} M/s; target >= 20)" if py else "")
+    e = pool["BM_CpuBoundMapEfficiency/iterations:3/manual_time"]
+    row("pool: CPU-bound map efficiency at P = cores", f"{e['efficiency'] * 100:.0f}% at P = {e['processes']:.0f}",
+        "target >= 95%")
+    i = pool["BM_Imap10MFlatMemory/iterations:1/real_time"]
+    row("pool: imap over 1e7 items", f"{i['items_per_second'] / 1e6:.1f} M items/s",
+        f"RSS grew {i['rss_growth_kib']:.0f} KiB")
+if tensor:
+    sizes = [(4 << 10, "4 KiB", "4 KiB"), (1 << 20, "1 MiB", "1024 KiB"), (64 << 20, "64 MiB", "65536 KiB"),
+             (1 << 30, "1 GiB", "1048576 KiB")]
+    small = None
+    for size, label, py_label in sizes:
+        b = tensor.get(f"BM_TensorRoundTrip/{size}/real_time")
+        if not b:
+            continue
+        t = ns(b)
+        small = small or t
+        py = python_figure("py_torch.txt", r"shared tensor " + py_label.split()[0] + r" KiB round trip: ([\d.]+) us")
+        ratio = f"{t / small:.2f}x the 4 KiB time"
+        if py:
+            ratio += f"; {py * 1e3 / t:.0f}x faster than torch.multiprocessing ({py:.0f} us; target >= 50)"
+        row(f"tensor: round trip, {label}", f"{t / 1e3:.1f} us", ratio)
+    crossover = None
+    for size in (4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 64 << 20):
+        s = tensor.get(f"BM_SerializedBytesRoundTrip/{size}/real_time")
+        t = tensor.get(f"BM_TensorRoundTrip/4096/real_time")
+        if s and t and crossover is None and ns(s) > ns(t):
+            crossover = size
+    if crossover:
+        row("tensor: serialized bytes become slower than a shared tensor at", f"{crossover >> 10} KiB")
+
+width = max(len(r[0]) for r in rows) if rows else 0
+for what, figure, ratio in rows:
+    print(f"{what:<{width}}  {figure:<28} {ratio}")

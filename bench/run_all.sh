@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Runs every benchmark and the Python peers in one go (this machine is noisy: compare within a
+# run) and prints the ratios the issues name. Usage: bench/run_all.sh BUILD_DIR
+set -euo pipefail
+build=${1:-build-release}
+out=${BENCH_OUT:-$build/bench-results}
+anchors="$(cd "$(dirname "$0")/.." && pwd)/../shared/anchors"
+mkdir -p "$out"
+for b in loop ipc pool tensor; do
+  echo "== ${b}_bench (io_uring)" >&2
+  FORKPOOL_BACKEND=io_uring "$build/bench/${b}_bench" --benchmark_min_time=0.3 \
+    --benchmark_out="$out/$b.json" --benchmark_out_format=json >&2
+done
+echo "== loop_bench (epoll)" >&2
+FORKPOOL_BACKEND=epoll "$build/bench/loop_bench" --benchmark_min_time=0.3 --benchmark_filter=Loop \
+  --benchmark_out="$out/loop_epoll.json" --benchmark_out_format=json >&2
+if [ -d "$anchors" ]; then
+  echo "== Python peers" >&2
+  (cd "$anchors" && /usr/bin/python3 py_pool.py) | tee "$out/py_pool.txt" >&2
+  if /usr/bin/python3 -c "import torch" 2>/dev/null; then
+    (cd "$anchors" && /usr/bin/python3 py_torch.py) | tee "$out/py_torch.txt" >&2
+  fi
+fi
+python3 "$(dirname "$0")/compare.py" "$out"
