@@ -44,11 +44,13 @@ fp::Task<Outcome> count_on(int processes, const std::vector<std::pair<std::int64
     outcome.primes += *count;
     ++done;
     if (!interactive && done % 50 != 0 && done != ranges.size()) continue;  // a log, not a terminal
-    std::fprintf(stderr, "\r  %d process%s: %3zu%% of ranges done, %lld primes so far", processes,
+    std::fprintf(stderr, interactive ? "\r  %d process%s: %3zu%% of ranges done, %lld primes so far"
+                                     : "  %d process%s: %3zu%% of ranges done, %lld primes so far\n",
+                 processes,
                  processes == 1 ? "" : "es", done * 100 / ranges.size(), static_cast<long long>(outcome.primes));
   }
   outcome.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  std::fprintf(stderr, "\n");
+  if (interactive) std::fprintf(stderr, "\n");
   pool.close();
   co_await pool.join();
   co_return outcome;
