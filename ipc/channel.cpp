@@ -34,7 +34,7 @@ std::pair<Channel, Channel> Channel::make_pair() {
 }
 
 void Channel::send(std::uint16_t kind, std::uint64_t request_id, std::span<const std::byte> payload,
-                   std::span<const UniqueFd> fds) {
+                   std::span<const int> fds) {
   OutgoingFrame frame(kind, request_id, payload, fds);
   long rc;
   do rc = ::sendmsg(fd_.get(), frame.message(), kSendFlags);
@@ -50,7 +50,7 @@ Message Channel::receive() {
 }
 
 Task<void> Channel::async_send(std::uint16_t kind, std::uint64_t request_id, std::span<const std::byte> payload,
-                               std::span<const UniqueFd> fds, IoOptions options) {
+                               std::span<const int> fds, IoOptions options) {
   OutgoingFrame frame(kind, request_id, payload, fds);
   int rc = co_await async_sendmsg(fd_.get(), frame.message(), kSendFlags, options);
   check_sent(rc, frame);

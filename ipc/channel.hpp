@@ -24,13 +24,13 @@ class Channel {
 
   // Blocking. Throw ChannelClosed when the peer is gone, ProtocolError on a malformed frame.
   void send(std::uint16_t kind, std::uint64_t request_id, std::span<const std::byte> payload,
-            std::span<const UniqueFd> fds = {});
+            std::span<const int> fds = {});
   Message receive();
 
   // On the calling thread's loop. An operation that is stopped or passes its deadline throws
   // std::system_error (ECANCELED or ETIMEDOUT).
   Task<void> async_send(std::uint16_t kind, std::uint64_t request_id, std::span<const std::byte> payload,
-                        std::span<const UniqueFd> fds = {}, IoOptions options = {});
+                        std::span<const int> fds = {}, IoOptions options = {});
   Task<Message> async_receive(IoOptions options = {});
 
   // Stops one direction (shutdown(2)): the peer's receive sees end-of-file.

@@ -4,10 +4,17 @@
 
 namespace forkpool {
 
-std::uint32_t Writer::attach_fd(int fd) {
+std::uint32_t Attachments::add_copy(int fd) {
   int copy = fcntl(fd, F_DUPFD_CLOEXEC, 0);
   if (copy < 0) throw_last_errno("forkpool: attaching a descriptor (F_DUPFD_CLOEXEC)");
-  fds_.emplace_back(copy);
+  copies_.emplace_back(copy);
+  fds_.push_back(copy);
+  return static_cast<std::uint32_t>(fds_.size() - 1);
+}
+
+std::uint32_t Attachments::add_borrowed(int fd, std::shared_ptr<const void> owner) {
+  owners_.push_back(std::move(owner));
+  fds_.push_back(fd);
   return static_cast<std::uint32_t>(fds_.size() - 1);
 }
 

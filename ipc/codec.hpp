@@ -64,6 +64,20 @@ using ByteBuffer = std::vector<std::byte, UninitializedAllocator<std::byte>>;
 template <class E>
 struct enum_bounds {};
 
+// The descriptors attached to a message and what keeps them open until it is sent: owned
+// duplicates, or objects that own the descriptors they lend (no system call).
+class Attachments {
+ public:
+  std::uint32_t add_copy(int fd);
+  std::uint32_t add_borrowed(int fd, std::shared_ptr<const void> owner);
+  std::span<const int> fds() const noexcept { return fds_; }
+
+ private:
+  std::vector<int> fds_;
+  std::vector<UniqueFd> copies_;
+  std::vector<std::shared_ptr<const void>> owners_;
+};
+
 class Writer {
  public:
   void write_bytes(const void* data, std::size_t size) {
@@ -80,15 +94,20 @@ class Writer {
 
   // Attaches a duplicate of `fd` (the message owns its copy, so the caller's object may go
   // away before the message is sent); returns its index among the message's descriptors.
-  std::uint32_t attach_fd(int fd);
+  std::uint32_t attach_fd(int fd) { return attachments_.add_copy(fd); }
+  // Attaches `fd` as lent by `owner`, which the message keeps alive until it is sent.
+  std::uint32_t attach_fd(int fd, std::shared_ptr<const void> owner) {
+    return attachments_.add_borrowed(fd, std::move(owner));
+  }
 
   std::span<const std::byte> bytes() const noexcept { return bytes_; }
   ByteBuffer& buffer() noexcept { return bytes_; }
-  std::vector<UniqueFd>& fds() noexcept { return fds_; }
+  std::span<const int> fds() const noexcept { return attachments_.fds(); }
+  Attachments& attachments() noexcept { return attachments_; }
 
  private:
   ByteBuffer bytes_;
-  std::vector<UniqueFd> fds_;
+  Attachments attachments_;
 };
 
 class Reader {

@@ -19,7 +19,7 @@ constexpr std::size_t control_space(std::size_t fd_count) { return CMSG_SPACE(fd
 }  // namespace
 
 OutgoingFrame::OutgoingFrame(std::uint16_t kind, std::uint64_t request_id, std::span<const std::byte> payload,
-                             std::span<const UniqueFd> fds, std::size_t inline_max) {
+                             std::span<const int> fds, std::size_t inline_max) {
   bool via_memfd = payload.size() > std::min(inline_max, kInlinePayloadMax);
   if (via_memfd) payload_memfd_ = sealed_memfd_with("forkpool-payload", payload);
   std::size_t fd_count = fds.size() + (via_memfd ? 1 : 0);
@@ -45,8 +45,15 @@ OutgoingFrame::OutgoingFrame(std::uint16_t kind, std::uint64_t request_id, std::
     std::size_t i = 0;
     auto put = [&](int fd) { std::memcpy(out + sizeof(int) * i++, &fd, sizeof fd); };
     if (via_memfd) put(payload_memfd_.get());
-    for (const UniqueFd& fd : fds) put(fd.get());
+    for (int fd : fds) put(fd);
   }
+}
+
+std::vector<int> raw_fds(std::span<const UniqueFd> fds) {
+  std::vector<int> raw;
+  raw.reserve(fds.size());
+  for (const UniqueFd& fd : fds) raw.push_back(fd.get());
+  return raw;
 }
 
 FrameReceiver::FrameReceiver()

@@ -72,7 +72,7 @@ class OutgoingFrame {
  public:
   // Payloads above `inline_max` bytes travel in a sealed memfd.
   OutgoingFrame(std::uint16_t kind, std::uint64_t request_id, std::span<const std::byte> payload,
-                std::span<const UniqueFd> fds, std::size_t inline_max = kInlinePayloadMax);
+                std::span<const int> fds, std::size_t inline_max = kInlinePayloadMax);
   OutgoingFrame(const OutgoingFrame&) = delete;
   OutgoingFrame& operator=(const OutgoingFrame&) = delete;
 
@@ -86,6 +86,9 @@ class OutgoingFrame {
   std::vector<std::byte> control_;
   msghdr msg_{};
 };
+
+// The numbers of owned descriptors, to attach them to a frame.
+std::vector<int> raw_fds(std::span<const UniqueFd> fds);
 
 // Receives frames: owns the buffers recvmsg() fills and turns what arrived into a Message,
 // validating everything. Descriptors are owned from the moment they arrive, so every error

@@ -51,10 +51,9 @@ enum ZygoteRequest : std::uint16_t { kSpawnRequest = 1, kReapRequest = 2 };
       if (request.kind == kSpawnRequest && request.fds.size() == 1) {
         int index = in.read<int>();
         SpawnedWorker child = fork_worker(spec, index, std::move(request.fds[0]));
-        std::vector<UniqueFd> reply_fds;
-        reply_fds.emplace_back(dup(child.pidfd.get()));
         Writer reply = encode(static_cast<std::int64_t>(child.pid));
-        control.send(kSpawnRequest, request.request_id, reply.bytes(), reply_fds);
+        int pidfd = child.pidfd.get();
+        control.send(kSpawnRequest, request.request_id, reply.bytes(), std::span(&pidfd, 1));
         children.emplace(child.pid, std::move(child));
       } else if (request.kind == kReapRequest) {
         auto pid = static_cast<pid_t>(in.read<std::int64_t>());
@@ -98,9 +97,8 @@ class ForkServerLauncher final : public Launcher {
   }
 
   SpawnedWorker spawn(int index, UniqueFd channel) override {
-    std::vector<UniqueFd> fds;
-    fds.push_back(std::move(channel));
-    Message reply = call(kSpawnRequest, encode(index), fds);
+    int fd = channel.get();
+    Message reply = call(kSpawnRequest, encode(index), std::span(&fd, 1));
     if (reply.fds.size() != 1) throw ProtocolError("forkpool: fork server replied without a pidfd");
     auto pid = static_cast<pid_t>(decode<std::int64_t>(reply.payload.bytes()));
     return {pid, std::move(reply.fds[0])};
@@ -114,7 +112,7 @@ class ForkServerLauncher final : public Launcher {
 
  private:
   // One blocking round trip: the fork server answers at once.
-  Message call(ZygoteRequest kind, const Writer& request, std::span<const UniqueFd> fds) {
+  Message call(ZygoteRequest kind, const Writer& request, std::span<const int> fds) {
     try {
       control_->send(kind, ++next_id_, request.bytes(), fds);
       Message reply = control_->receive();

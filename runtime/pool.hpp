@@ -54,7 +54,7 @@ std::shared_ptr<Job> encode_chunk(F f, It& it, const End& end, std::size_t limit
   job->sink = std::move(sink);
   job->chunk = index;
   job->payload = std::move(w.buffer());
-  job->fds = std::move(w.fds());
+  job->attachments = std::move(w.attachments());
   return job;
 }
 

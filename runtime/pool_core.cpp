@@ -121,7 +121,7 @@ void PoolCore::retire_if_idle(Worker& worker) {
 Task<void> PoolCore::send(std::shared_ptr<Worker> worker, std::shared_ptr<Job> job, std::uint64_t id) {
   std::exception_ptr send_error;
   try {
-    co_await worker->channel->async_send(kTaskMessage, id, job->payload, job->fds);
+    co_await worker->channel->async_send(kTaskMessage, id, job->payload, job->attachments.fds());
   } catch (const ChannelClosed&) {
     // The worker died: its death fails or retries this job.
   } catch (...) {

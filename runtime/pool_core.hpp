@@ -35,7 +35,7 @@ struct Job {
   std::shared_ptr<JobSink> sink;
   std::size_t chunk = 0;
   ByteBuffer payload;  // task header + encoded arguments
-  std::vector<UniqueFd> fds;       // descriptors the arguments carry (tensors)
+  Attachments attachments;         // descriptors the arguments carry (tensors)
   int attempts = 0;
 };
 

@@ -99,9 +99,13 @@ std::shared_ptr<Storage> Storage::external(std::byte* data, std::size_t bytes, s
 }
 
 std::shared_ptr<Storage> Storage::adopt_memfd(UniqueFd fd, std::size_t min_bytes) {
-  std::size_t size = check_sealed_memfd(fd.get(), min_bytes, "forkpool: tensor storage");
+  // A storage this process already maps was validated when it was first mapped.
   struct stat st = stat_of(fd.get(), "forkpool: tensor storage");
-  if (auto known = cached(st.st_dev, st.st_ino)) return known;  // already mapped here
+  if (auto known = cached(st.st_dev, st.st_ino); known && known->kind_ == Kind::memfd) {
+    if (known->size() < min_bytes) throw ProtocolError("forkpool: tensor storage is shorter than claimed");
+    return known;
+  }
+  std::size_t size = check_sealed_memfd(fd.get(), min_bytes, "forkpool: tensor storage");
   std::shared_ptr<Storage> storage(new Storage());
   storage->mapping_ = Mapping::map(fd.get(), size, PROT_READ | PROT_WRITE);
   storage->data_ = storage->mapping_.data();

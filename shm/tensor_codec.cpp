@@ -30,7 +30,7 @@ void codec<Tensor>::encode(Writer& w, const Tensor& tensor) {
         "into shared memory once, then send it");
   if (storage->strategy() == SharingStrategy::file_descriptor) {
     w.write(StorageKind::memfd);
-    w.write(w.attach_fd(storage->fd()));
+    w.write(w.attach_fd(storage->fd(), storage));  // the message keeps the storage, no dup
   } else {
     w.write(StorageKind::named);
     w.write(storage->name());

@@ -44,7 +44,7 @@ TEST(Channel, CarriesKindIdPayloadAndADescriptor) {
   auto [a, b] = Channel::make_pair();
   std::vector<UniqueFd> fds;
   fds.push_back(pipe_read_end("through the pipe"));
-  a.send(7, 99, bytes_of("payload"), fds);
+  a.send(7, 99, bytes_of("payload"), raw_fds(fds));
   Message m = b.receive();
   EXPECT_EQ(m.kind, 7);
   EXPECT_EQ(m.request_id, 99u);
@@ -58,7 +58,7 @@ TEST(Channel, CarriesTheMaximumNumberOfDescriptors) {
   auto [a, b] = Channel::make_pair();
   std::vector<UniqueFd> fds;
   for (std::size_t i = 0; i < kMaxMessageFds; ++i) fds.push_back(pipe_read_end(std::to_string(i)));
-  a.send(1, 1, {}, fds);
+  a.send(1, 1, {}, raw_fds(fds));
   Message m = b.receive();
   ASSERT_EQ(m.fds.size(), kMaxMessageFds);
   EXPECT_EQ(read_all(m.fds[0].get()), "0");
@@ -69,7 +69,7 @@ TEST(Channel, RefusesToSendMoreThanTheMaximumOfDescriptors) {
   auto [a, b] = Channel::make_pair();
   std::vector<UniqueFd> fds;
   for (std::size_t i = 0; i <= kMaxMessageFds; ++i) fds.push_back(pipe_read_end("x"));
-  EXPECT_THROW(a.send(1, 1, {}, fds), Error);
+  EXPECT_THROW(a.send(1, 1, {}, raw_fds(fds)), Error);
 }
 
 TEST(Channel, CarriesA64MiBPayloadThroughASealedMemfd) {
@@ -198,7 +198,7 @@ TEST(Channel, AsyncRoundTripWithAForkedEchoPeer) {
     try {
       for (;;) {
         Message m = child.receive();
-        child.send(m.kind, m.request_id, m.payload.bytes(), m.fds);
+        child.send(m.kind, m.request_id, m.payload.bytes(), raw_fds(m.fds));
       }
     } catch (const ChannelClosed&) {
     }
@@ -251,8 +251,7 @@ TEST(Channel, AStoppedReceiveThrowsAndLosesNothingLater) {
 TEST(Channel, AHundredThousandMessagesWithDescriptorsLeakNoDescriptor) {
   auto [a, b] = Channel::make_pair();
   UniqueFd memfd = create_memfd("shared", 4096);
-  std::vector<UniqueFd> fds;
-  fds.emplace_back(fcntl(memfd.get(), F_DUPFD_CLOEXEC, 0));
+  std::vector<int> fds{memfd.get()};
   int before = testing::open_fd_count();
   auto body = [&]() -> Task<void> {
     for (int i = 0; i < 100'000; ++i) {
