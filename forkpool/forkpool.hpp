@@ -8,6 +8,7 @@
 #include "runtime/io.hpp"
 #include "runtime/loop.hpp"
 #include "runtime/pool.hpp"
+#include "runtime/spawn.hpp"
 #include "runtime/stream.hpp"
 #include "runtime/task.hpp"
 #include "runtime/when_all.hpp"

@@ -103,10 +103,19 @@ ExitStatus reap(int pidfd) {
 
 void send_signal(int pidfd, int signal) noexcept { syscall(SYS_pidfd_send_signal, pidfd, signal, nullptr, 0); }
 
-int become_helper_process(const std::string& name, pid_t expected_parent, int keep) noexcept {
+void die_with_parent(pid_t expected_parent) noexcept {
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   // The parent may have died between fork() and prctl(): then nobody would ever kill us.
   if (getppid() != expected_parent) _exit(kExitOrphaned);
+}
+
+void set_process_name(const std::string& name) noexcept {
+  prctl(PR_SET_NAME, name.substr(0, 15).c_str());
+  set_cmdline(name);
+}
+
+int become_helper_process(const std::string& name, pid_t expected_parent, int keep) noexcept {
+  die_with_parent(expected_parent);
 
   sigset_t none;
   sigemptyset(&none);
@@ -121,9 +130,7 @@ int become_helper_process(const std::string& name, pid_t expected_parent, int ke
     if (dup2(keep, kChannelFd) < 0) _exit(kExitBadMessage);
   }
   close_all_from(kChannelFd + 1, kept_in_helpers());
-
-  prctl(PR_SET_NAME, name.substr(0, 15).c_str());
-  set_cmdline(name);
+  set_process_name(name);
   return kChannelFd;
 }
 

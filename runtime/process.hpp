@@ -25,6 +25,11 @@ ExitStatus reap(int pidfd);
 // Sends `signal` through a pidfd: never hits a recycled pid.
 void send_signal(int pidfd, int signal) noexcept;
 
+// Makes the calling (freshly forked) process die with `expected_parent` (PR_SET_PDEATHSIG), and
+// exit at once if the parent is already gone. Names it `name` (comm and cmdline).
+void die_with_parent(pid_t expected_parent) noexcept;
+void set_process_name(const std::string& name) noexcept;
+
 // Makes the calling (freshly forked) process a well-behaved helper of `expected_parent`:
 // dies with it (PR_SET_PDEATHSIG, and exits at once if it is already gone), default signal
 // dispositions and an empty mask, named `name` (comm and cmdline), and no descriptors open but

@@ -1,0 +1,93 @@
+// spawn / start_processes on real forked processes, as torch.multiprocessing.spawn.
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <stdexcept>
+#include <thread>
+
+#include "runtime/error.hpp"
+#include "runtime/spawn.hpp"
+#include "tests/support.hpp"
+
+namespace forkpool {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::atomic<int>* shared_slots() {
+  static auto* slots = static_cast<std::atomic<int>*>(
+      mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  return slots;
+}
+
+void record(int rank, int base) { shared_slots()[rank].store(base + rank); }
+
+void fail_on_rank_one(int rank) {
+  if (rank == 1) throw std::runtime_error("bad rank");
+  std::this_thread::sleep_for(10s);
+}
+
+TEST(Spawn, RunsEveryRankWithItsArguments) {
+  for (int i = 0; i < 4; ++i) shared_slots()[i] = -1;
+  spawn(record, 4, 100);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(shared_slots()[i].load(), 100 + i);
+}
+
+TEST(Spawn, AFailingRankRaisesProcessRaisedExceptionAndStopsTheOthers) {
+  auto started = std::chrono::steady_clock::now();
+  ProcessContext context = start_processes(fail_on_rank_one, 3, {.join = false});
+  std::vector<pid_t> pids = context.pids();
+  try {
+    while (!context.join()) {
+    }
+    FAIL() << "no exception";
+  } catch (const ProcessRaisedException& e) {
+    EXPECT_EQ(e.rank(), 1);
+    EXPECT_EQ(e.pid(), pids[1]);
+    EXPECT_EQ(e.type_name(), "std::runtime_error");
+    EXPECT_NE(std::string(e.what()).find("bad rank"), std::string::npos);
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 5s);
+  for (pid_t pid : pids) EXPECT_FALSE(testing::process_alive(pid));
+}
+
+TEST(Spawn, AKilledRankRaisesProcessExitedExceptionWithTheSignalName) {
+  try {
+    spawn([](int rank) {
+      if (rank == 0) raise(SIGKILL);
+      std::this_thread::sleep_for(10s);
+    }, 2);
+    FAIL() << "no exception";
+  } catch (const ProcessExitedException& e) {
+    EXPECT_EQ(e.rank(), 0);
+    EXPECT_EQ(e.signal(), SIGKILL);
+    EXPECT_EQ(e.signal_name(), "SIGKILL");
+  }
+}
+
+TEST(Spawn, AnExitCodeIsReported) {
+  try {
+    spawn([](int) { std::exit(3); }, 1);
+    FAIL() << "no exception";
+  } catch (const ProcessExitedException& e) {
+    EXPECT_EQ(e.exit_code(), 3);
+    EXPECT_EQ(e.signal(), 0);
+  }
+}
+
+TEST(Spawn, JoinWithATimeoutSaysWhetherAllEnded) {
+  ProcessContext context = start_processes([](int) { std::this_thread::sleep_for(200ms); }, 2, {.join = false});
+  EXPECT_FALSE(context.join(10ms));
+  auto deadline = std::chrono::steady_clock::now() + 5s;
+  bool done = false;
+  while (!done && std::chrono::steady_clock::now() < deadline) done = context.join(100ms);
+  EXPECT_TRUE(done);
+}
+
+}  // namespace
+}  // namespace forkpool
