@@ -91,7 +91,9 @@ Message FrameReceiver::finish(long result) {
   if (result == 0 && fds.empty() && !(msg_.msg_flags & MSG_CTRUNC))
     throw ChannelClosed("forkpool: the peer closed the channel");
   auto fail = [](const std::string& what) -> ProtocolError { return ProtocolError("forkpool: bad frame: " + what); };
-  if (msg_.msg_flags & MSG_CTRUNC) throw fail("descriptors were truncated (MSG_CTRUNC)");
+  if (msg_.msg_flags & MSG_CTRUNC)
+    throw fail("descriptors were truncated (MSG_CTRUNC): too many were sent, or this process's descriptor table "
+               "is full (RLIMIT_NOFILE)");
   if (msg_.msg_flags & MSG_TRUNC) throw fail("the datagram was larger than any valid frame (MSG_TRUNC)");
   auto size = static_cast<std::size_t>(result);
   if (size < sizeof(FrameHeader)) throw fail("only " + std::to_string(size) + " bytes, shorter than a header");

@@ -24,7 +24,13 @@ SpawnedWorker fork_worker(const WorkerSpec& spec, int index, UniqueFd channel) {
   pid_t pid = fork_flushed();
   if (pid < 0) throw_last_errno("forkpool: fork");
   if (pid == 0) worker_main(spec, index, parent, std::move(channel));
-  return {pid, open_pidfd(pid)};  // our unreaped child: its pid cannot be recycled yet
+  try {
+    return {pid, open_pidfd(pid)};  // our unreaped child: its pid cannot be recycled yet
+  } catch (...) {
+    kill(pid, SIGKILL);  // a worker we cannot watch must not run
+    waitpid(pid, nullptr, 0);
+    throw;
+  }
 }
 
 class ForkLauncher final : public Launcher {

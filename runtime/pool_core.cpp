@@ -83,7 +83,26 @@ void PoolCore::spawn_worker() {
 void PoolCore::submit(std::shared_ptr<Job> job) {
   if (closed_) throw PoolClosed();
   queue_.push_back(std::move(job));
+  replenish();
   dispatch();
+}
+
+void PoolCore::replenish() {
+  while (!terminated_ && static_cast<int>(workers_.size()) < processes_ && (!closed_ || !queue_.empty())) {
+    try {
+      spawn_worker();
+    } catch (const std::exception& e) {
+      // No worker can be started now (descriptors or processes exhausted): with none left, the
+      // queued work fails with the reason instead of waiting for ever; a later submit tries again.
+      if (workers_.empty())
+        fail_queue(std::make_exception_ptr(Error(std::string("forkpool: cannot start a worker: ") + e.what())));
+      return;
+    }
+    if (closed_) {
+      workers_.back()->lingering = true;
+      Loop::current().add_lingering();
+    }
+  }
 }
 
 std::shared_ptr<PoolCore::Worker> PoolCore::pick_worker() {
@@ -144,11 +163,16 @@ Task<void> PoolCore::serve(std::shared_ptr<Worker> worker) {
       message.emplace(co_await worker->channel->async_receive());
     } catch (const ChannelClosed&) {
       break;
-    } catch (...) {
+    } catch (const ProtocolError&) {
       // A malformed frame: this worker cannot be trusted any more.
       if (!worker->failure) worker->failure = std::current_exception();
       send_signal(worker->process.pidfd.get(), SIGKILL);
       continue;  // read on until end-of-file
+    } catch (...) {
+      // The socket itself failed: nothing more can be read from it.
+      if (!worker->failure) worker->failure = std::current_exception();
+      send_signal(worker->process.pidfd.get(), SIGKILL);
+      break;
     }
     handle_reply(*worker, *message);
   }
@@ -217,17 +241,7 @@ void PoolCore::on_worker_gone(const std::shared_ptr<Worker>& worker) {
   worker->in_flight.clear();
   queue_.insert(queue_.begin(), retries.begin(), retries.end());
 
-  if (!terminated_ && (!closed_ || !queue_.empty())) {
-    try {
-      spawn_worker();
-      if (closed_) {
-        workers_.back()->lingering = true;
-        Loop::current().add_lingering();
-      }
-    } catch (...) {
-      if (workers_.empty()) fail_queue(std::current_exception());
-    }
-  }
+  replenish();
   dispatch();
   bool last = workers_.empty() && closed_;
   for (auto& [job, error] : failed) job->sink->chunk_failed(job->chunk, error);

@@ -59,6 +59,7 @@ class PoolCore : public std::enable_shared_from_this<PoolCore> {
   explicit PoolCore(PoolOptions options);
   void start_workers();
   void spawn_worker();
+  void replenish();
   void dispatch();
   std::shared_ptr<Worker> pick_worker();
   void retire_if_idle(Worker& worker);

@@ -391,3 +391,36 @@ TEST(DLPack, ForeignMemoryIsNotSharedUntilShareMemoryCopiesIt) {
 
 }  // namespace
 }  // namespace forkpool
+
+namespace forkpool {
+namespace {
+
+TEST(Tensor, AFullDescriptorTableIsAProtocolErrorAndThePoolRecovers) {
+  int status = testing::run_in_child([] {
+    Pool pool({.processes = 1, .start_method = StartMethod::fork});
+    pool.apply_async(make_in_worker, 4).get();  // warm: every descriptor the pool needs is open
+    rlimit limit{static_cast<rlim_t>(testing::open_fd_count() + 16), 1024};
+    if (setrlimit(RLIMIT_NOFILE, &limit) != 0) throw std::runtime_error("setrlimit");
+    std::vector<Tensor> held;  // each keeps its storage's descriptor open
+    bool refused = false;
+    for (int i = 0; i < 64 && !refused; ++i) {
+      try {
+        held.push_back(pool.apply_async(make_in_worker, 4).get());
+      } catch (const ProtocolError& e) {
+        refused = std::string(e.what()).find("descriptor table") != std::string::npos;
+        if (!refused) throw;
+      }
+    }
+    if (!refused) throw std::runtime_error("the descriptor table never filled");
+    held.clear();
+    limit.rlim_cur = 1024;
+    setrlimit(RLIMIT_NOFILE, &limit);
+    if (pool.apply_async(make_in_worker, 8).get().data<std::int32_t>()[7] != 21)
+      throw std::runtime_error("the pool did not recover");
+  });
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+}  // namespace
+}  // namespace forkpool
