@@ -13,12 +13,6 @@
 namespace forkpool::detail {
 namespace {
 
-// Output buffered in stdio must not be written twice, by the parent and by the child.
-pid_t fork_flushed() {
-  std::fflush(nullptr);
-  return fork();
-}
-
 SpawnedWorker fork_worker(const WorkerSpec& spec, int index, UniqueFd channel) {
   pid_t parent = getpid();
   pid_t pid = fork_flushed();

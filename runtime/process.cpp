@@ -22,10 +22,8 @@
 #endif
 
 namespace forkpool::detail {
-namespace {
 
-// Closes every descriptor >= first except those in `keep` (sorted).
-void close_all_from(int first, const std::vector<int>& keep) noexcept {
+void close_descriptors_from(int first, const std::vector<int>& keep) noexcept {
   bool ranged = true;
   int from = first;
   for (int fd : keep) {
@@ -46,6 +44,13 @@ void close_all_from(int first, const std::vector<int>& keep) noexcept {
   }
   for (int fd : open) close(fd);
 }
+
+pid_t fork_flushed() noexcept {
+  fflush(nullptr);
+  return fork();
+}
+
+namespace {
 
 // Overwrites the argument area so that ps shows `name` in full (comm is cut at 15 characters).
 void set_cmdline(const std::string& name) noexcept {
@@ -129,7 +134,7 @@ int become_helper_process(const std::string& name, pid_t expected_parent, int ke
   if (keep != kChannelFd) {
     if (dup2(keep, kChannelFd) < 0) _exit(kExitBadMessage);
   }
-  close_all_from(kChannelFd + 1, kept_in_helpers());
+  close_descriptors_from(kChannelFd + 1, kept_in_helpers());
   set_process_name(name);
   return kChannelFd;
 }

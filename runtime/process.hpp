@@ -4,6 +4,7 @@
 #include <sys/types.h>
 
 #include <string>
+#include <vector>
 
 #include "runtime/unique_fd.hpp"
 
@@ -40,6 +41,12 @@ int become_helper_process(const std::string& name, pid_t expected_parent, int ke
 inline constexpr int kExitOrphaned = 121;         // the parent died before PR_SET_PDEATHSIG
 inline constexpr int kExitInitializerFailed = 122;
 inline constexpr int kExitBadMessage = 123;
+
+// fork(), with stdio flushed first: output buffered in the parent must not be written twice.
+pid_t fork_flushed() noexcept;
+
+// Closes every descriptor >= first except those in `keep` (sorted).
+void close_descriptors_from(int first, const std::vector<int>& keep) noexcept;
 
 // Flushes stdio and ends the process without running destructors (ours are the parent's).
 [[noreturn]] void exit_helper(int code) noexcept;

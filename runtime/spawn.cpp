@@ -50,8 +50,7 @@ ProcessContext ProcessContext::start(int nprocs, const std::function<void(int ra
     int fds[2];
     if (pipe2(fds, O_CLOEXEC | O_NONBLOCK) < 0) throw_last_errno("forkpool: pipe");
     UniqueFd read_end(fds[0]), write_end(fds[1]);
-    std::fflush(nullptr);
-    pid_t pid = fork();
+    pid_t pid = detail::fork_flushed();
     if (pid < 0) throw_last_errno("forkpool: fork");
     if (pid == 0) {
       read_end.reset();

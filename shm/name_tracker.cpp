@@ -18,6 +18,7 @@
 
 #include "runtime/error.hpp"
 #include "runtime/inherited_fds.hpp"
+#include "runtime/process.hpp"
 #include "runtime/unique_fd.hpp"
 
 namespace forkpool::detail {
@@ -113,8 +114,7 @@ class TrackerState {
   signal(SIGTERM, SIG_IGN);
   signal(SIGHUP, SIG_IGN);
   prctl(PR_SET_NAME, "forkpool-shm");
-  for (int fd = 3; fd < 1024; ++fd)
-    if (fd != read_end) close(fd);
+  close_descriptors_from(3, {read_end});
   TrackerState state;
   std::string pending;
   char buffer[4096];
@@ -160,8 +160,7 @@ class Tracker {
   Tracker() {
     int fds[2];
     if (pipe2(fds, O_CLOEXEC) != 0) throw_last_errno("forkpool: name tracker pipe");
-    std::fflush(nullptr);
-    pid_t pid = fork();
+    pid_t pid = fork_flushed();
     if (pid < 0) throw_last_errno("forkpool: fork (name tracker)");
     if (pid == 0) {
       close(fds[1]);
