@@ -205,8 +205,7 @@ void PoolCore::handle_reply(Worker& worker, Message& message) {
   } catch (...) {
     job->sink->chunk_failed(job->chunk, std::current_exception());
   }
-  dispatch();
-  retire_if_idle(worker);
+  dispatch();  // after close(), this also retires the worker once it is idle
 }
 
 Task<void> PoolCore::watch(std::shared_ptr<Worker> worker) {

@@ -53,11 +53,9 @@ class UringBackend final : public Backend {
 
   void start(Operation* op) override {
     note_started();
-    if (waiting_.empty() && in_flight_ < capacity_) {
-      if (io_uring_sqe* sqe = io_uring_get_sqe(&ring_)) {
-        prepare(sqe, op);
-        op->state = OpState::in_kernel;
-        ++in_flight_;
+    if (waiting_.empty()) {
+      if (io_uring_sqe* sqe = claim_sqe()) {
+        hand_over(sqe, op);
         return;
       }
     }
@@ -111,22 +109,31 @@ class UringBackend final : public Backend {
   // Moves queued cancels and operations into the submission queue while the completion queue
   // has room for their completions.
   void submit_waiting() {
-    while (!cancels_.empty() && in_flight_ < capacity_) {
-      io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+    while (!cancels_.empty()) {
+      io_uring_sqe* sqe = claim_sqe();
       if (!sqe) break;
       Operation* target = cancels_.pop_front();
       io_uring_prep_cancel(sqe, target, 0);
       io_uring_sqe_set_data64(sqe, reinterpret_cast<std::uintptr_t>(target) | kCancelTag);
-      ++in_flight_;
     }
-    while (!waiting_.empty() && in_flight_ < capacity_) {
-      io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+    while (!waiting_.empty()) {
+      io_uring_sqe* sqe = claim_sqe();
       if (!sqe) break;
-      Operation* op = waiting_.pop_front();
-      prepare(sqe, op);
-      op->state = OpState::in_kernel;
-      ++in_flight_;
+      hand_over(sqe, waiting_.pop_front());
     }
+  }
+
+  // A submission slot whose completion the completion queue has room for, or nullptr.
+  io_uring_sqe* claim_sqe() {
+    if (in_flight_ >= capacity_) return nullptr;
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+    if (sqe) ++in_flight_;
+    return sqe;
+  }
+
+  static void hand_over(io_uring_sqe* sqe, Operation* op) {
+    prepare(sqe, op);
+    op->state = OpState::in_kernel;
   }
 
   static void prepare(io_uring_sqe* sqe, Operation* op) {
