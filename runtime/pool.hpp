@@ -32,7 +32,7 @@ using CallResult = typename Call<F, Element, Spread>::Result;
 // Encodes up to `limit` elements from [it, end) as one task message for `sink`'s chunk `index`.
 template <class F, class Element, bool Spread, class It, class End>
 std::shared_ptr<Job> encode_chunk(F f, It& it, const End& end, std::size_t limit, std::shared_ptr<JobSink> sink,
-                                  std::size_t index, std::size_t* count_out) {
+                                  std::size_t index, std::size_t* count_out = nullptr) {
   Writer w;
   write_task_header(w, &Call<F, Element, Spread>::invoke, function_bits(f));
   std::size_t count_at = w.buffer().size();
@@ -49,7 +49,7 @@ std::shared_ptr<Job> encode_chunk(F f, It& it, const End& end, std::size_t limit
   }
   std::uint64_t wire_count = count;
   std::memcpy(w.buffer().data() + count_at, &wire_count, sizeof wire_count);
-  *count_out = count;
+  if (count_out) *count_out = count;
   auto job = std::make_shared<Job>();
   job->sink = std::move(sink);
   job->chunk = index;
@@ -73,7 +73,7 @@ class MapSink final : public JobSink {
 
   void chunk_done(std::size_t chunk, Reader& results) override {
     std::size_t begin = offsets_[chunk], size = offsets_[chunk + 1] - begin;
-    if (results.read<std::uint64_t>() != size) results.fail("result count differs from the chunk's size");
+    expect_result_count(results, size);
     if constexpr (Bitwise<W>) {
       results.read_bytes(slots_.data() + begin, size * sizeof(W));
     } else {
@@ -108,7 +108,7 @@ class ApplySink final : public JobSink {
  public:
   explicit ApplySink(std::shared_ptr<ResultState<R>> state) : state_(std::move(state)) {}
   void chunk_done(std::size_t, Reader& results) override {
-    if (results.read<std::uint64_t>() != 1) results.fail("apply_async expects exactly one result");
+    expect_result_count(results, 1);
     auto value = results.read<Wire<R>>();
     results.expect_end();
     state_->set_value(std::move(value));
@@ -173,8 +173,7 @@ class Pool {
     auto sink = std::make_shared<detail::ApplySink<R>>(state);
     Element element(std::move(args)...);
     const Element* it = &element;
-    std::size_t count = 0;
-    core_->submit(detail::encode_chunk<F, Element, true>(f, it, &element + 1, 1, sink, 0, &count));
+    core_->submit(detail::encode_chunk<F, Element, true>(f, it, &element + 1, 1, sink, 0));
     return AsyncResult<R>(std::move(state));
   }
 
@@ -242,8 +241,7 @@ class Pool {
       auto sink = std::make_shared<detail::MapSink<W>>(offsets, total, state);
       auto it = std::ranges::begin(inputs);
       for (std::size_t c = 0; c < chunks; ++c) {
-        std::size_t count = 0;
-        core_->submit(detail::encode_chunk<F, Element, Spread>(f, it, std::ranges::end(inputs), chunksize, sink, c, &count));
+        core_->submit(detail::encode_chunk<F, Element, Spread>(f, it, std::ranges::end(inputs), chunksize, sink, c));
       }
       return AsyncResult<std::vector<W>>(std::move(state));
     }

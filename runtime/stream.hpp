@@ -14,6 +14,7 @@
 
 #include "runtime/pool_core.hpp"
 #include "runtime/task.hpp"
+#include "runtime/wire.hpp"
 
 namespace forkpool {
 namespace detail {
@@ -42,7 +43,7 @@ class StreamState : public JobSink {
 
   void chunk_done(std::size_t chunk, Reader& results) override {
     std::size_t expected = chunk_sizes_.at(chunk);
-    if (results.read<std::uint64_t>() != expected) results.fail("result count differs from the chunk's size");
+    expect_result_count(results, expected);
     Outcome outcome;
     outcome.values.reserve(expected);
     for (std::size_t i = 0; i < expected; ++i) outcome.values.push_back(results.read<R>());

@@ -111,6 +111,13 @@ struct Call {
   }
 };
 
+// A result message starts with its number of results, which must be the chunk's size.
+inline void expect_result_count(Reader& results, std::size_t expected) {
+  auto count = results.read<std::uint64_t>();
+  if (count != expected)
+    results.fail(std::to_string(count) + " results for a chunk of " + std::to_string(expected) + " calls");
+}
+
 // The header of a task message.
 inline void write_task_header(Writer& w, Invoker invoker, std::uintptr_t function) {
   w.write(static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(invoker)));
