@@ -54,13 +54,17 @@ UniqueFd sealed_memfd_with(const char* name, std::span<const std::byte> bytes) {
 }
 
 std::size_t check_sealed_memfd(int fd, std::size_t min_size, const char* what) {
+  struct stat st {};
+  if (fstat(fd, &st) < 0) throw ProtocolError(std::string(what) + ": fstat failed: " + strerror(errno));
+  return check_sealed_memfd(fd, st, min_size, what);
+}
+
+std::size_t check_sealed_memfd(int fd, const struct stat& st, std::size_t min_size, const char* what) {
   int seals = fcntl(fd, F_GET_SEALS);
   if (seals < 0)
     throw ProtocolError(std::string(what) + ": descriptor is not a memfd (F_GET_SEALS: " + strerror(errno) + ")");
   if ((seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW))
     throw ProtocolError(std::string(what) + ": memfd is not sealed against shrinking and growing");
-  struct stat st {};
-  if (fstat(fd, &st) < 0) throw ProtocolError(std::string(what) + ": fstat failed: " + strerror(errno));
   auto size = static_cast<std::size_t>(st.st_size);
   if (size < min_size)
     throw ProtocolError(std::string(what) + ": memfd holds " + std::to_string(size) + " bytes, " +

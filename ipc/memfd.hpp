@@ -2,6 +2,8 @@
 // Sealed memfds: anonymous shared memory whose size cannot change once sealed, so a process that
 // maps one it received can never be made to fault (SIGBUS) by the sender shrinking it.
 
+#include <sys/stat.h>
+
 #include <cstddef>
 #include <span>
 
@@ -22,5 +24,7 @@ UniqueFd sealed_memfd_with(const char* name, std::span<const std::byte> bytes);
 // against shrinking and growing whose size is at least `min_size`. Returns its size. Throws
 // ProtocolError naming `what` otherwise.
 std::size_t check_sealed_memfd(int fd, std::size_t min_size, const char* what);
+// The same, for a caller that has fstat()ed `fd` already.
+std::size_t check_sealed_memfd(int fd, const struct stat& st, std::size_t min_size, const char* what);
 
 }  // namespace forkpool

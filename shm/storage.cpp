@@ -105,7 +105,7 @@ std::shared_ptr<Storage> Storage::adopt_memfd(UniqueFd fd, std::size_t min_bytes
     if (known->size() < min_bytes) throw ProtocolError("forkpool: tensor storage is shorter than claimed");
     return known;
   }
-  std::size_t size = check_sealed_memfd(fd.get(), min_bytes, "forkpool: tensor storage");
+  std::size_t size = check_sealed_memfd(fd.get(), st, min_bytes, "forkpool: tensor storage");
   std::shared_ptr<Storage> storage(new Storage());
   storage->mapping_ = Mapping::map(fd.get(), size, PROT_READ | PROT_WRITE);
   storage->data_ = storage->mapping_.data();
