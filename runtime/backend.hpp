@@ -48,6 +48,11 @@ class Backend {
   // Delivers the completions complete_soon() collected before this call.
   std::size_t deliver_soft_completions() {
     OpList batch = soon_.take_all();
+    return deliver_all(batch);
+  }
+
+  // Delivers every operation of `batch` with the result stored in it; returns how many.
+  std::size_t deliver_all(OpList& batch) {
     std::size_t count = 0;
     while (Operation* op = batch.pop_front()) {
       deliver(op, op->result);

@@ -165,7 +165,6 @@ class EpollBackend final : public Backend {
     if (it == waiters_.end()) return 0;
     std::uint32_t poll_events = revents;  // EPOLLIN/OUT/ERR/HUP share their POLL* values
     bool error = revents & (EPOLLERR | EPOLLHUP);
-    std::size_t delivered = 0;
     OpList ready;
     for (OpList* list : {&it->second.readers, &it->second.writers}) {
       bool listed_ready = error || (revents & (list == &it->second.readers ? EPOLLIN : EPOLLOUT));
@@ -184,11 +183,7 @@ class EpollBackend final : public Backend {
       *list = still.take_all();
     }
     update_interest(fd, it->second);
-    while (Operation* op = ready.pop_front()) {
-      deliver(op, op->result);
-      ++delivered;
-    }
-    return delivered;
+    return deliver_all(ready);
   }
 
   void add_timer(Operation* op) {
@@ -212,16 +207,13 @@ class EpollBackend final : public Backend {
     std::int64_t now = now_ns();
     OpList fired;
     while (!timers_.empty() && timers_.begin()->first <= now) {
-      fired.push_back(timers_.begin()->second);
+      Operation* op = timers_.begin()->second;
+      op->result = -ETIME;  // as io_uring reports a timeout that fired
+      fired.push_back(op);
       timers_.erase(timers_.begin());
     }
     arm_timer();
-    std::size_t delivered = 0;
-    while (Operation* op = fired.pop_front()) {
-      deliver(op, -ETIME);  // as io_uring reports a timeout that fired
-      ++delivered;
-    }
-    return delivered;
+    return deliver_all(fired);
   }
 
   UniqueFd epoll_;
