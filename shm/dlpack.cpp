@@ -19,47 +19,29 @@ struct Context {
 
 void delete_context(DLManagedTensor* managed) { delete static_cast<Context*>(managed->manager_ctx); }
 
+// One table serves both directions.
+struct DTypeCode {
+  DType dtype;
+  std::uint8_t code;
+  std::uint8_t bits;
+};
+constexpr DTypeCode kDTypeCodes[] = {
+    {DType::u8, kDLUInt, 8},     {DType::i8, kDLInt, 8},       {DType::i16, kDLInt, 16},
+    {DType::i32, kDLInt, 32},    {DType::i64, kDLInt, 64},     {DType::f16, kDLFloat, 16},
+    {DType::bf16, kDLBfloat, 16}, {DType::f32, kDLFloat, 32},  {DType::f64, kDLFloat, 64},
+    {DType::boolean, kBoolCode, 8},
+};
+
 DLDataType to_dl(DType dtype) {
-  auto bits = static_cast<std::uint8_t>(element_size(dtype) * 8);
-  switch (dtype) {
-    case DType::u8: return {kDLUInt, bits, 1};
-    case DType::i8:
-    case DType::i16:
-    case DType::i32:
-    case DType::i64: return {kDLInt, bits, 1};
-    case DType::f16:
-    case DType::f32:
-    case DType::f64: return {kDLFloat, bits, 1};
-    case DType::bf16: return {kDLBfloat, bits, 1};
-    case DType::boolean: return {kBoolCode, 8, 1};
-  }
-  return {kDLUInt, 8, 1};
+  for (const DTypeCode& entry : kDTypeCodes)
+    if (entry.dtype == dtype) return {entry.code, entry.bits, 1};
+  throw std::logic_error("forkpool: to_dlpack: a DType without a DLPack code");
 }
 
 DType from_dl(DLDataType t) {
   if (t.lanes != 1) throw std::invalid_argument("forkpool: from_dlpack: vector dtypes (lanes > 1) are not supported");
-  switch (t.code) {
-    case kDLUInt:
-      if (t.bits == 8) return DType::u8;
-      break;
-    case kDLInt:
-      if (t.bits == 8) return DType::i8;
-      if (t.bits == 16) return DType::i16;
-      if (t.bits == 32) return DType::i32;
-      if (t.bits == 64) return DType::i64;
-      break;
-    case kDLFloat:
-      if (t.bits == 16) return DType::f16;
-      if (t.bits == 32) return DType::f32;
-      if (t.bits == 64) return DType::f64;
-      break;
-    case kDLBfloat:
-      if (t.bits == 16) return DType::bf16;
-      break;
-    case kBoolCode:
-      if (t.bits == 8) return DType::boolean;
-      break;
-  }
+  for (const DTypeCode& entry : kDTypeCodes)
+    if (entry.code == t.code && entry.bits == t.bits) return entry.dtype;
   throw std::invalid_argument("forkpool: from_dlpack: unsupported dtype (code " + std::to_string(t.code) + ", " +
                               std::to_string(t.bits) + " bits)");
 }
