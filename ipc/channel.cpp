@@ -25,6 +25,14 @@ void check_sent(long result, const OutgoingFrame& frame) {
   throw std::system_error(error, std::generic_category(), "forkpool: sendmsg");
 }
 
+// sendmsg() restarted after signals; the byte count or -errno.
+long sendmsg_retrying(int fd, const OutgoingFrame& frame, int flags) {
+  long rc;
+  do rc = ::sendmsg(fd, frame.message(), flags);
+  while (rc < 0 && errno == EINTR);
+  return rc < 0 ? -errno : rc;
+}
+
 }  // namespace
 
 std::pair<Channel, Channel> Channel::make_pair() {
@@ -36,10 +44,16 @@ std::pair<Channel, Channel> Channel::make_pair() {
 void Channel::send(std::uint16_t kind, std::uint64_t request_id, std::span<const std::byte> payload,
                    std::span<const int> fds) {
   OutgoingFrame frame(kind, request_id, payload, fds);
-  long rc;
-  do rc = ::sendmsg(fd_.get(), frame.message(), kSendFlags);
-  while (rc < 0 && errno == EINTR);
-  check_sent(rc < 0 ? -errno : rc, frame);
+  check_sent(sendmsg_retrying(fd_.get(), frame, kSendFlags), frame);
+}
+
+bool Channel::try_send(std::uint16_t kind, std::uint64_t request_id, std::span<const std::byte> payload,
+                       std::span<const int> fds) {
+  OutgoingFrame frame(kind, request_id, payload, fds);
+  long rc = sendmsg_retrying(fd_.get(), frame, kSendFlags | MSG_DONTWAIT);
+  if (rc == -EAGAIN || rc == -EWOULDBLOCK) return false;
+  check_sent(rc, frame);
+  return true;
 }
 
 Message Channel::receive() {

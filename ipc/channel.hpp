@@ -26,6 +26,9 @@ class Channel {
   void send(std::uint16_t kind, std::uint64_t request_id, std::span<const std::byte> payload,
             std::span<const int> fds = {});
   Message receive();
+  // Never blocks: false when the socket's buffer is full. Throws like send().
+  bool try_send(std::uint16_t kind, std::uint64_t request_id, std::span<const std::byte> payload,
+                std::span<const int> fds = {});
 
   // On the calling thread's loop. An operation that is stopped or passes its deadline throws
   // std::system_error (ECANCELED or ETIMEDOUT).

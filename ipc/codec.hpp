@@ -64,6 +64,14 @@ using ByteBuffer = std::vector<std::byte, UninitializedAllocator<std::byte>>;
 template <class E>
 struct enum_bounds {};
 
+// What codecs may keep about one conversation beyond a single message (shm's tensors keep the
+// storages a peer already maps). ipc only carries the pointer; the layer that defines a context
+// recognises its own with dynamic_cast. Null when a message stands alone.
+class CodecContext {
+ public:
+  virtual ~CodecContext() = default;
+};
+
 // The descriptors attached to a message and what keeps them open until it is sent: owned
 // duplicates, or objects that own the descriptors they lend (no system call).
 class Attachments {
@@ -80,6 +88,8 @@ class Attachments {
 
 class Writer {
  public:
+  explicit Writer(CodecContext* context = nullptr) noexcept : context_(context) {}
+
   void write_bytes(const void* data, std::size_t size) {
     if (size == 0) return;
     std::size_t at = bytes_.size();
@@ -104,16 +114,19 @@ class Writer {
   ByteBuffer& buffer() noexcept { return bytes_; }
   std::span<const int> fds() const noexcept { return attachments_.fds(); }
   Attachments& attachments() noexcept { return attachments_; }
+  CodecContext* context() const noexcept { return context_; }
 
  private:
   ByteBuffer bytes_;
   Attachments attachments_;
+  CodecContext* context_ = nullptr;
 };
 
 class Reader {
  public:
-  explicit Reader(std::span<const std::byte> bytes, std::span<UniqueFd> fds = {}) noexcept
-      : bytes_(bytes), fds_(fds) {}
+  explicit Reader(std::span<const std::byte> bytes, std::span<UniqueFd> fds = {},
+                  CodecContext* context = nullptr) noexcept
+      : bytes_(bytes), fds_(fds), context_(context) {}
 
   void read_bytes(void* out, std::size_t size) {
     if (size > remaining()) fail("needed " + std::to_string(size) + " bytes, " + std::to_string(remaining()) + " remain");
@@ -144,10 +157,14 @@ class Reader {
   }
   [[noreturn]] void fail(const std::string& what) const;
 
+  CodecContext* context() const noexcept { return context_; }
+  void set_context(CodecContext* context) noexcept { context_ = context; }
+
  private:
   std::span<const std::byte> bytes_;
   std::span<UniqueFd> fds_;
   std::size_t offset_ = 0;
+  CodecContext* context_ = nullptr;
 };
 
 // Encodes `value` alone into a fresh Writer.

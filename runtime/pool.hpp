@@ -33,7 +33,8 @@ using CallResult = typename Call<F, Element, Spread>::Result;
 template <class F, class Element, bool Spread, class It, class End>
 std::shared_ptr<Job> encode_chunk(F f, It& it, const End& end, std::size_t limit, std::shared_ptr<JobSink> sink,
                                   std::size_t index, std::size_t* count_out = nullptr) {
-  Writer w;
+  auto job = std::make_shared<Job>();
+  Writer w(&job->loan);  // tensors lend their storages to the job
   write_task_header(w, &Call<F, Element, Spread>::invoke, function_bits(f));
   std::size_t count_at = w.buffer().size();
   w.write_size(0);  // patched below, once the count is known
@@ -49,8 +50,8 @@ std::shared_ptr<Job> encode_chunk(F f, It& it, const End& end, std::size_t limit
   }
   std::uint64_t wire_count = count;
   std::memcpy(w.buffer().data() + count_at, &wire_count, sizeof wire_count);
+  write_lent_ids(w, job->loan);
   if (count_out) *count_out = count;
-  auto job = std::make_shared<Job>();
   job->sink = std::move(sink);
   job->chunk = index;
   job->payload = std::move(w.buffer());

@@ -5,6 +5,7 @@
 #include <csignal>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 #include "runtime/detached.hpp"
 #include "runtime/error.hpp"
@@ -40,6 +41,7 @@ struct PoolCore::Worker {
   SpawnedWorker process;
   std::optional<Channel> channel;
   std::map<std::uint64_t, std::shared_ptr<Job>> in_flight;  // by request id
+  std::shared_ptr<PeerLoans> loans = std::make_shared<PeerLoans>();  // storages it keeps mapped for us
   int assigned = 0;
   bool retiring = false;        // takes no more jobs (maxtasksperchild reached)
   bool write_closed = false;    // told to exit once idle
@@ -76,6 +78,14 @@ void PoolCore::spawn_worker() {
   worker->process = launcher_->spawn(worker->index, theirs.release());
   worker->channel.emplace(ours.release());
   workers_.push_back(worker);
+  // A storage released on this thread is dropped by the worker at once; one released on
+  // another thread waits for the next message to the worker (the pool is not thread-safe).
+  worker->loans->on_release([core = weak_from_this(), weak = std::weak_ptr<Worker>(worker),
+                             thread = std::this_thread::get_id()] {
+    if (std::this_thread::get_id() != thread) return;
+    auto self = core.lock();
+    if (auto w = weak.lock(); self && w) self->send_released(*w);
+  });
   spawn_detached(serve(worker));
   spawn_detached(watch(worker));
 }
@@ -138,16 +148,23 @@ void PoolCore::retire_if_idle(Worker& worker) {
 }
 
 Task<void> PoolCore::send(std::shared_ptr<Worker> worker, std::shared_ptr<Job> job, std::uint64_t id) {
+  send_released(*worker);
+  // The worker keeps lent storages: only those new to it carry their descriptors.
+  PeerLoans::Handover handover = worker->loans->lend(job->loan);
+  std::vector<int> fds = std::move(handover.fds);
+  fds.insert(fds.end(), job->attachments.fds().begin(), job->attachments.fds().end());
   std::exception_ptr send_error;
   try {
-    co_await worker->channel->async_send(kTaskMessage, id, job->payload, job->attachments.fds());
+    co_await worker->channel->async_send(kTaskMessage, id, job->payload, fds);
   } catch (const ChannelClosed&) {
     // The worker died: its death fails or retries this job.
   } catch (...) {
     send_error = std::current_exception();
   }
   if (!send_error) co_return;
-  // The job could not be sent (a descriptor limit, say): it fails alone, the worker carries on.
+  // The job could not be sent (a descriptor limit, say): it fails alone, the worker carries on,
+  // without the storages it was to be lent.
+  worker->loans->unlend(handover.new_ids);
   auto it = worker->in_flight.find(id);
   if (it == worker->in_flight.end()) co_return;
   worker->in_flight.erase(it);
@@ -195,6 +212,7 @@ void PoolCore::handle_reply(Worker& worker, Message& message) {
   try {
     if (message.kind == kResultMessage) {
       Reader results = message.reader();
+      results.set_context(&job->loan);  // the results may name storages the job lent
       job->sink->chunk_done(job->chunk, results);
     } else if (message.kind == kErrorMessage) {
       auto [type, text] = decode<std::pair<std::string, std::string>>(message.payload.bytes());
@@ -205,7 +223,24 @@ void PoolCore::handle_reply(Worker& worker, Message& message) {
   } catch (...) {
     job->sink->chunk_failed(job->chunk, std::current_exception());
   }
+  job.reset();  // may release lent storages
+  send_released(worker);
   dispatch();  // after close(), this also retires the worker once it is idle
+}
+
+void PoolCore::send_released(Worker& worker) {
+  std::vector<std::uint64_t> ids = worker.loans->take_released();
+  // A worker told to exit, or gone, unmaps everything anyway.
+  if (ids.empty() || worker.write_closed || worker.exited.is_set()) return;
+  Writer message = encode(ids);
+  try {
+    if (worker.channel->try_send(kReleaseMessage, 0, message.bytes())) return;
+  } catch (const ChannelClosed&) {
+    return;
+  } catch (const std::exception&) {
+    // Sent with the next message instead.
+  }
+  worker.loans->keep_released(ids);
 }
 
 Task<void> PoolCore::watch(std::shared_ptr<Worker> worker) {

@@ -19,6 +19,7 @@
 #include "runtime/launcher.hpp"
 #include "runtime/pool_options.hpp"
 #include "runtime/task.hpp"
+#include "shm/storage_loans.hpp"
 
 namespace forkpool::detail {
 
@@ -34,8 +35,9 @@ class JobSink : public std::enable_shared_from_this<JobSink> {
 struct Job {
   std::shared_ptr<JobSink> sink;
   std::size_t chunk = 0;
-  ByteBuffer payload;  // task header + encoded arguments
-  Attachments attachments;         // descriptors the arguments carry (tensors)
+  ByteBuffer payload;        // task header + encoded arguments + lent storage ids
+  MessageLoan loan;          // storages the arguments lend: held until the result is decoded
+  Attachments attachments;   // descriptors the arguments carry otherwise
   int attempts = 0;
 };
 
@@ -66,6 +68,7 @@ class PoolCore : public std::enable_shared_from_this<PoolCore> {
   void on_worker_gone(const std::shared_ptr<Worker>& worker);
   void fail_queue(const std::exception_ptr& error);
   void handle_reply(Worker& worker, Message& message);
+  void send_released(Worker& worker);
   Task<void> serve(std::shared_ptr<Worker> worker);
   Task<void> watch(std::shared_ptr<Worker> worker);
   Task<void> send(std::shared_ptr<Worker> worker, std::shared_ptr<Job> job, std::uint64_t id);

@@ -1,22 +1,31 @@
 #pragma once
 // The pool's protocol between the parent and a worker, on top of ipc frames.
-//   task   (parent -> worker): [invoker address][function address][chunk of arguments]
-//   result (worker -> parent): the chunk's results
-//   error  (worker -> parent): [type name][message] of what the task threw
+//   task    (parent -> worker): [invoker address][function address][chunk of arguments]
+//                               [ids of the storages it lends]...[u32 count of them]
+//                               descriptors: those lent storages new to the worker, in order,
+//                               then what the arguments attached
+//   result  (worker -> parent): the chunk's results
+//   error   (worker -> parent): [type name][message] of what the task threw
+//   release (parent -> worker): [ids of lent storages the parent released]
+// Lent storages are shm/storage_loans.hpp's: the worker keeps them mapped until released.
 // Function addresses are valid in the worker because it is a fork of the parent's image.
 
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <span>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "ipc/codec.hpp"
+#include "shm/storage_loans.hpp"
 
 namespace forkpool::detail {
 
-enum MessageKind : std::uint16_t { kTaskMessage = 1, kResultMessage = 2, kErrorMessage = 3 };
+enum MessageKind : std::uint16_t { kTaskMessage = 1, kResultMessage = 2, kErrorMessage = 3, kReleaseMessage = 4 };
 
 // Decodes a chunk of arguments from `in`, calls the function on each, encodes the results to `out`.
 using Invoker = void (*)(std::uintptr_t function, Reader& in, Writer& out);
@@ -122,6 +131,30 @@ inline void expect_result_count(Reader& results, std::size_t expected) {
 inline void write_task_header(Writer& w, Invoker invoker, std::uintptr_t function) {
   w.write(static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(invoker)));
   w.write(static_cast<std::uint64_t>(function));
+}
+
+// Ends a task message with the ids of the storages it lends.
+inline void write_lent_ids(Writer& w, const MessageLoan& loan) {
+  for (const auto& storage : loan.storages()) w.write(storage->id());
+  w.write(static_cast<std::uint32_t>(loan.storages().size()));
+}
+
+// A task message split into its body and the ids it lends. Throws ProtocolError if malformed.
+struct TaskParts {
+  std::span<const std::byte> body;
+  std::vector<std::uint64_t> lent_ids;
+};
+inline TaskParts split_task(std::span<const std::byte> payload) {
+  std::uint32_t count = 0;
+  if (payload.size() < sizeof count) throw ProtocolError("forkpool: a task message without its lent-storage count");
+  std::memcpy(&count, payload.data() + payload.size() - sizeof count, sizeof count);
+  std::size_t table = std::size_t{count} * sizeof(std::uint64_t) + sizeof count;
+  if (table > payload.size())
+    throw ProtocolError("forkpool: a task message claims " + std::to_string(count) + " lent storages in " +
+                        std::to_string(payload.size()) + " bytes");
+  TaskParts parts{payload.first(payload.size() - table), std::vector<std::uint64_t>(count)};
+  if (count > 0) std::memcpy(parts.lent_ids.data(), payload.data() + parts.body.size(), count * sizeof(std::uint64_t));
+  return parts;
 }
 
 }  // namespace forkpool::detail

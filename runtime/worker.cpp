@@ -28,10 +28,13 @@ std::pair<std::string, std::string> describe_current_exception() {
   }
 }
 
-void serve_task(Channel& channel, Message& task) {
-  Writer out;
+// Throws ProtocolError when the message's lent storages are not valid: the conversation is broken.
+void serve_task(Channel& channel, Message& task, BorrowedStorages& borrowed) {
+  TaskParts parts = split_task(task.payload.bytes());
+  std::size_t lent_fds = borrowed.begin_message(parts.lent_ids, task.fds);
+  Writer out(&borrowed);  // a result may be a storage the task lent: it goes back by id
   try {
-    Reader in = task.reader();
+    Reader in(parts.body, std::span(task.fds).subspan(lent_fds), &borrowed);
     auto invoker = reinterpret_cast<Invoker>(static_cast<std::uintptr_t>(in.read<std::uint64_t>()));
     auto function = static_cast<std::uintptr_t>(in.read<std::uint64_t>());
     invoker(function, in, out);
@@ -59,11 +62,18 @@ void worker_main(const WorkerSpec& spec, int index, pid_t parent, UniqueFd chann
     }
   }
   int served = 0;
+  BorrowedStorages borrowed;  // storages the parent lent, mapped until it releases them
   try {
     for (;;) {
-      Message task = channel.receive();
+      Message message = channel.receive();
+      if (message.kind == kReleaseMessage) {
+        borrowed.release(decode<std::vector<std::uint64_t>>(message.payload.bytes()));
+        continue;
+      }
+      if (message.kind != kTaskMessage)
+        throw ProtocolError("forkpool: the parent sent a message of unknown kind " + std::to_string(message.kind));
       // Everything the task made is destroyed before the next one starts.
-      serve_task(channel, task);
+      serve_task(channel, message, borrowed);
       if (spec.maxtasksperchild > 0 && ++served >= spec.maxtasksperchild) break;
     }
   } catch (const ChannelClosed&) {

@@ -15,6 +15,7 @@
 #include "ipc/memfd.hpp"
 #include "runtime/error.hpp"
 #include "shm/name_tracker.hpp"
+#include "shm/storage_loans.hpp"
 
 namespace forkpool {
 namespace {
@@ -60,6 +61,11 @@ struct stat stat_of(int fd, const char* what) {
 }
 
 }  // namespace
+
+Storage::Storage() {
+  static std::atomic<std::uint64_t> next_id{0};
+  id_ = ++next_id;
+}
 
 std::shared_ptr<Storage> Storage::allocate(std::size_t bytes) {
   std::shared_ptr<Storage> storage(new Storage());
@@ -143,6 +149,8 @@ std::shared_ptr<Storage> Storage::adopt_named(const std::string& name, std::size
 }
 
 Storage::~Storage() {
+  for (auto& weak : lent_to_)
+    if (auto loans = weak.lock()) loans->released(id_);
   if (cached_) {
     auto& map = mapped_storages();
     auto it = map.find(InodeKey{device_, inode_});
@@ -156,6 +164,12 @@ Storage::~Storage() {
     detail::untrack_segment_name(name_);
   }
   if (release_) release_();
+}
+
+void Storage::notify_on_release(const std::shared_ptr<PeerLoans>& loans) {
+  std::lock_guard lock(lent_mutex_);
+  std::erase_if(lent_to_, [](const auto& weak) { return weak.expired(); });
+  lent_to_.push_back(loans);
 }
 
 void Storage::add_message_reference() {

@@ -11,13 +11,17 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "ipc/mapping.hpp"
 #include "runtime/unique_fd.hpp"
 #include "shm/sharing.hpp"
 
 namespace forkpool {
+
+class PeerLoans;
 
 class Storage {
  public:
@@ -37,6 +41,8 @@ class Storage {
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
 
+  // Unique among this process's storages, never reused: the name a peer borrows it under.
+  std::uint64_t id() const noexcept { return id_; }
   std::byte* data() const noexcept { return data_; }
   std::size_t size() const noexcept { return size_; }
   bool is_shared() const noexcept { return kind_ != Kind::external; }
@@ -50,10 +56,12 @@ class Storage {
   // file_system: counts one more holder for a message about to carry the name; the receiver
   // takes it over. The segment's name is unlinked when its count of holders reaches zero.
   void add_message_reference();
+  // `loans` is told (PeerLoans::released) when this storage is released here.
+  void notify_on_release(const std::shared_ptr<PeerLoans>& loans);
 
  private:
   enum class Kind { memfd, named, external };
-  Storage() = default;
+  Storage();
   static std::shared_ptr<Storage> cached(dev_t device, ino_t inode);
   static void remember(const std::shared_ptr<Storage>& storage, dev_t device, ino_t inode);
   std::atomic<std::int64_t>* holders() const noexcept;
@@ -68,6 +76,9 @@ class Storage {
   dev_t device_ = 0;
   ino_t inode_ = 0;
   bool cached_ = false;
+  std::uint64_t id_;
+  std::mutex lent_mutex_;  // a storage may be lent by pools on several threads
+  std::vector<std::weak_ptr<PeerLoans>> lent_to_;
 };
 
 }  // namespace forkpool

@@ -3,19 +3,39 @@
 #include <string>
 
 #include "runtime/error.hpp"
+#include "shm/storage_loans.hpp"
 
 namespace forkpool {
 namespace {
 
-enum class StorageKind : std::uint8_t { none, memfd, named };
+// memfd: a descriptor rides along; named: a /dev/shm name; lent: lent by this message or an
+// earlier one of the conversation (storage_loans.hpp), by the lender's id; returned: a storage the
+// message being answered lent, by that id.
+enum class StorageKind : std::uint8_t { none, memfd, named, lent, returned };
 constexpr std::size_t kMaxDims = 64;
+
+// A storage named by id: one this process borrowed for the message it decodes, or one it lent
+// in the message this one answers.
+std::shared_ptr<Storage> find_lent(Reader& r, StorageKind kind, std::uint64_t id, std::uint64_t min_size) {
+  std::shared_ptr<Storage> storage;
+  if (kind == StorageKind::lent) {
+    if (auto* borrowed = dynamic_cast<BorrowedStorages*>(r.context())) storage = borrowed->find(id);
+  } else if (auto* loan = dynamic_cast<MessageLoan*>(r.context())) {
+    storage = loan->find(id);
+  }
+  if (!storage)
+    r.fail("tensor names storage " + std::to_string(id) + ", which this conversation did not " +
+           (kind == StorageKind::lent ? "lend" : "lend in the message answered"));
+  if (storage->size() < min_size) r.fail("tensor storage " + std::to_string(id) + " is shorter than claimed");
+  return storage;
+}
 
 }  // namespace
 
 template <>
 struct enum_bounds<StorageKind> {
   static constexpr StorageKind min = StorageKind::none;
-  static constexpr StorageKind max = StorageKind::named;
+  static constexpr StorageKind max = StorageKind::returned;
 };
 
 void codec<Tensor>::encode(Writer& w, const Tensor& tensor) {
@@ -28,7 +48,16 @@ void codec<Tensor>::encode(Writer& w, const Tensor& tensor) {
     throw std::invalid_argument(
         "forkpool: this tensor's memory is not shared (it came from DLPack): call share_memory_() to copy it "
         "into shared memory once, then send it");
-  if (storage->strategy() == SharingStrategy::file_descriptor) {
+  auto* loan = dynamic_cast<MessageLoan*>(w.context());
+  auto* borrowed = dynamic_cast<BorrowedStorages*>(w.context());
+  std::optional<std::uint64_t> returned_id = borrowed ? borrowed->lent_id_of(*storage) : std::nullopt;
+  if (returned_id) {
+    w.write(StorageKind::returned);
+    w.write(*returned_id);
+  } else if (loan && storage->strategy() == SharingStrategy::file_descriptor) {
+    w.write(StorageKind::lent);
+    w.write(loan->lend(storage));
+  } else if (storage->strategy() == SharingStrategy::file_descriptor) {
     w.write(StorageKind::memfd);
     w.write(w.attach_fd(storage->fd(), storage));  // the message keeps the storage, no dup
   } else {
@@ -47,9 +76,11 @@ Tensor codec<Tensor>::decode(Reader& r) {
   auto kind = r.read<StorageKind>();
   if (kind == StorageKind::none) return Tensor();
   std::uint32_t fd_index = 0;
+  std::uint64_t lent_id = 0;
   std::string name;
   if (kind == StorageKind::memfd) fd_index = r.read<std::uint32_t>();
-  else name = r.read<std::string>();
+  else if (kind == StorageKind::named) name = r.read<std::string>();
+  else lent_id = r.read<std::uint64_t>();
   auto storage_size = r.read<std::uint64_t>();
   auto offset = r.read<std::int64_t>();
   auto dtype = r.read<DType>();
@@ -64,9 +95,12 @@ Tensor codec<Tensor>::decode(Reader& r) {
     r.fail("tensor view (offset " + std::to_string(offset) + ", " + std::to_string(*extent) +
            " bytes) exceeds its storage of " + std::to_string(storage_size) + " bytes");
 
-  std::shared_ptr<Storage> storage = kind == StorageKind::memfd
-                                         ? Storage::adopt_memfd(r.take_fd(fd_index), storage_size)
-                                         : Storage::adopt_named(name, storage_size);
+  std::shared_ptr<Storage> storage;
+  switch (kind) {
+    case StorageKind::memfd: storage = Storage::adopt_memfd(r.take_fd(fd_index), storage_size); break;
+    case StorageKind::named: storage = Storage::adopt_named(name, storage_size); break;
+    default: storage = find_lent(r, kind, lent_id, storage_size); break;
+  }
   return Tensor::from_storage(std::move(storage), offset, std::move(shape), std::move(strides), dtype);
 }
 

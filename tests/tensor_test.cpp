@@ -331,7 +331,8 @@ TEST_P(SharingStrategies, AParentKilledWithTensorsInFlightLeavesNothingBehind) {
   char one;
   ASSERT_EQ(read(ready[0], &one, 1), 1);
   close(ready[0]);
-  EXPECT_GT(shmem_kib() - shmem_before, 200 * 1024);
+  // 256 MiB are in use (less what an earlier test's processes were still returning).
+  EXPECT_GT(shmem_kib() - shmem_before, 160 * 1024);
   kill(parent, SIGKILL);
   waitpid(parent, nullptr, 0);
   auto deadline = std::chrono::steady_clock::now() + 3s;
