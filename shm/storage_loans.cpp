@@ -2,7 +2,6 @@
 
 #include <unistd.h>
 
-#include <algorithm>
 #include <string>
 
 #include "runtime/error.hpp"
@@ -10,14 +9,13 @@
 namespace forkpool {
 
 std::uint64_t MessageLoan::lend(const std::shared_ptr<Storage>& storage) {
-  if (std::find(storages_.begin(), storages_.end(), storage) == storages_.end()) storages_.push_back(storage);
+  if (index_.try_emplace(storage->id(), storages_.size()).second) storages_.push_back(storage);
   return storage->id();
 }
 
 std::shared_ptr<Storage> MessageLoan::find(std::uint64_t id) const {
-  for (const auto& storage : storages_)
-    if (storage->id() == id) return storage;
-  return nullptr;
+  auto it = index_.find(id);
+  return it == index_.end() ? nullptr : storages_[it->second];
 }
 
 PeerLoans::PeerLoans() : owner_(getpid()) {}
@@ -72,28 +70,30 @@ void PeerLoans::released(std::uint64_t id) {
 }
 
 std::size_t BorrowedStorages::begin_message(std::span<const std::uint64_t> ids, std::span<UniqueFd> fds) {
+  current_.clear();
   std::size_t taken = 0;
   for (std::uint64_t id : ids) {
-    if (held_.contains(id)) continue;
-    if (taken == fds.size())
-      throw ProtocolError("forkpool: a message lends storage " + std::to_string(id) +
-                          " without its descriptor, and it is not held here");
-    held_.emplace(id, Storage::adopt_memfd(std::move(fds[taken++]), 0));
+    auto it = held_.find(id);
+    if (it == held_.end()) {
+      if (taken == fds.size())
+        throw ProtocolError("forkpool: a message lends storage " + std::to_string(id) +
+                            " without its descriptor, and it is not held here");
+      it = held_.emplace(id, Storage::adopt_memfd(std::move(fds[taken++]), 0)).first;
+    }
+    current_.emplace(it->second.get(), id);
   }
-  current_.assign(ids.begin(), ids.end());
   return taken;
 }
 
 std::shared_ptr<Storage> BorrowedStorages::find(std::uint64_t id) const {
-  if (std::find(current_.begin(), current_.end(), id) == current_.end()) return nullptr;
   auto it = held_.find(id);
-  return it == held_.end() ? nullptr : it->second;
+  if (it == held_.end() || !current_.contains(it->second.get())) return nullptr;
+  return it->second;
 }
 
 std::optional<std::uint64_t> BorrowedStorages::lent_id_of(const Storage& storage) const {
-  for (std::uint64_t id : current_)
-    if (auto it = held_.find(id); it != held_.end() && it->second.get() == &storage) return id;
-  return std::nullopt;
+  auto it = current_.find(&storage);
+  return it == current_.end() ? std::nullopt : std::optional(it->second);
 }
 
 void BorrowedStorages::release(std::span<const std::uint64_t> ids) {

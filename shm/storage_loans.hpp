@@ -44,6 +44,7 @@ class MessageLoan final : public CodecContext {
 
  private:
   std::vector<std::shared_ptr<Storage>> storages_;
+  absl::flat_hash_map<std::uint64_t, std::size_t> index_;  // id -> position in storages_
 };
 
 // The lender's record of what one peer holds. Thread-safe: a storage may be released on any thread.
@@ -96,7 +97,7 @@ class BorrowedStorages final : public CodecContext {
 
  private:
   absl::flat_hash_map<std::uint64_t, std::shared_ptr<Storage>> held_;
-  std::vector<std::uint64_t> current_;
+  absl::flat_hash_map<const Storage*, std::uint64_t> current_;  // lent by the current message
 };
 
 }  // namespace forkpool
