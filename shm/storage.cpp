@@ -1,6 +1,7 @@
 #include "shm/storage.hpp"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -9,6 +10,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <mutex>
 #include <random>
 #include <string>
 
@@ -39,11 +41,22 @@ struct InodeKey {
   }
 };
 
-// The storages this process maps, by inode: receiving one again reuses the mapping.
-absl::flat_hash_map<InodeKey, std::weak_ptr<Storage>>& mapped_storages() {
-  static auto* map = new absl::flat_hash_map<InodeKey, std::weak_ptr<Storage>>();
-  return *map;
-}
+// The storages this process maps, by inode: receiving one again reuses the mapping. Tensors
+// may be released on any thread; the lock is held across fork() so a child never inherits it
+// taken.
+struct MappedStorages {
+  std::mutex mutex;
+  absl::flat_hash_map<InodeKey, std::weak_ptr<Storage>> by_inode;
+
+  MappedStorages() {
+    pthread_atfork([] { instance().mutex.lock(); }, [] { instance().mutex.unlock(); },
+                   [] { instance().mutex.unlock(); });
+  }
+  static MappedStorages& instance() {
+    static auto* storages = new MappedStorages();
+    return *storages;
+  }
+};
 
 std::string random_segment_name() {
   // Fresh entropy each time: a generator's state would be copied into forked children.
@@ -152,9 +165,10 @@ Storage::~Storage() {
   for (auto& weak : lent_to_)
     if (auto loans = weak.lock()) loans->released(id_);
   if (cached_) {
-    auto& map = mapped_storages();
-    auto it = map.find(InodeKey{device_, inode_});
-    if (it != map.end() && it->second.expired()) map.erase(it);
+    auto& cache = MappedStorages::instance();
+    std::lock_guard lock(cache.mutex);
+    auto it = cache.by_inode.find(InodeKey{device_, inode_});
+    if (it != cache.by_inode.end() && it->second.expired()) cache.by_inode.erase(it);
   }
   if (kind_ == Kind::named && holders()->fetch_sub(1) == 1) {
     // The last holder anywhere: the name is no longer needed by any process. (Otherwise a
@@ -181,16 +195,19 @@ std::atomic<std::int64_t>* Storage::holders() const noexcept {
 }
 
 std::shared_ptr<Storage> Storage::cached(dev_t device, ino_t inode) {
-  auto& map = mapped_storages();
-  auto it = map.find(InodeKey{device, inode});
-  return it == map.end() ? nullptr : it->second.lock();
+  auto& cache = MappedStorages::instance();
+  std::lock_guard lock(cache.mutex);
+  auto it = cache.by_inode.find(InodeKey{device, inode});
+  return it == cache.by_inode.end() ? nullptr : it->second.lock();
 }
 
 void Storage::remember(const std::shared_ptr<Storage>& storage, dev_t device, ino_t inode) {
   storage->device_ = device;
   storage->inode_ = inode;
   storage->cached_ = true;
-  mapped_storages()[InodeKey{device, inode}] = storage;
+  auto& cache = MappedStorages::instance();
+  std::lock_guard lock(cache.mutex);
+  cache.by_inode[InodeKey{device, inode}] = storage;
 }
 
 }  // namespace forkpool

@@ -87,6 +87,26 @@ TEST(Loans, ATensorReleasedOnAnotherThreadIsDroppedWithTheNextMessage) {
   EXPECT_TRUE(eventually([&] { return tensor_mappings_of(worker) == 0; })) << "the worker still maps it";
 }
 
+TEST(Loans, StoragesReleasedOnManyThreadsWhileThePoolRunsAreAllDropped) {
+  Pool pool({.processes = 1});
+  pid_t worker = pool.worker_pids().at(0);
+  constexpr int kThreads = 4, kEach = 16;
+  std::vector<std::vector<Tensor>> batches(kThreads);
+  for (auto& batch : batches)
+    for (int i = 0; i < kEach; ++i) batch.push_back(Tensor::zeros({16}, DType::f32));
+  for (auto& batch : batches) pool.map_async(storage_id_in_worker, batch).get();
+  ASSERT_EQ(tensor_mappings_of(worker), kThreads * kEach);
+  std::vector<std::thread> threads;
+  for (auto& batch : batches)
+    threads.emplace_back([&batch] {
+      while (!batch.empty()) batch.pop_back();
+    });
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(pool.apply_async(nothing, i).get(), i);  // meanwhile
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(pool.apply_async(nothing, 0).get(), 0);
+  EXPECT_TRUE(eventually([&] { return tensor_mappings_of(worker) == 0; })) << "the worker still maps some";
+}
+
 TEST(Loans, AReplacementWorkerIsLentTheStorageAfresh) {
   Pool pool({.processes = 1});
   Tensor t = Tensor::zeros({1024}, DType::f32);
