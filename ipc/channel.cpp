@@ -58,9 +58,9 @@ bool Channel::try_send(std::uint16_t kind, std::uint64_t request_id, std::span<c
 
 Message Channel::receive() {
   long rc;
-  do rc = ::recvmsg(fd_.get(), receiver_->prepare(), kReceiveFlags);
+  do rc = ::recvmsg(fd_.get(), receiver().prepare(), kReceiveFlags);
   while (rc < 0 && errno == EINTR);
-  return receiver_->finish(rc < 0 ? -errno : rc);
+  return receiver().finish(rc < 0 ? -errno : rc);
 }
 
 Task<void> Channel::async_send(std::uint16_t kind, std::uint64_t request_id, std::span<const std::byte> payload,
@@ -71,9 +71,14 @@ Task<void> Channel::async_send(std::uint16_t kind, std::uint64_t request_id, std
 }
 
 Task<Message> Channel::async_receive(IoOptions options) {
-  int rc = co_await async_recvmsg(fd_.get(), receiver_->prepare(), kReceiveFlags, options);
+  int rc = co_await async_recvmsg(fd_.get(), receiver().prepare(), kReceiveFlags, options);
   if (rc == -ECANCELED || rc == -ETIMEDOUT) throw std::system_error(-rc, std::generic_category(), "forkpool: receive");
-  co_return receiver_->finish(rc);
+  co_return receiver().finish(rc);
+}
+
+FrameReceiver& Channel::receiver() {
+  if (!receiver_) receiver_ = std::make_unique<FrameReceiver>();
+  return *receiver_;
 }
 
 void Channel::shutdown_write() noexcept { ::shutdown(fd_.get(), SHUT_WR); }

@@ -41,9 +41,12 @@ class Channel {
   void shutdown_read() noexcept;
 
  private:
+  FrameReceiver& receiver();
+
   UniqueFd fd_;
-  // Heap-allocated: the buffers are large and the Channel moves.
-  std::unique_ptr<FrameReceiver> receiver_ = std::make_unique<FrameReceiver>();
+  // Heap-allocated on first receive: the buffers are large, the Channel moves, and a Channel
+  // that only sends never needs them.
+  std::unique_ptr<FrameReceiver> receiver_;
 };
 
 }  // namespace forkpool

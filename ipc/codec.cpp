@@ -5,10 +5,8 @@
 namespace forkpool {
 
 std::uint32_t Attachments::add_copy(int fd) {
-  int copy = fcntl(fd, F_DUPFD_CLOEXEC, 0);
-  if (copy < 0) throw_last_errno("forkpool: attaching a descriptor (F_DUPFD_CLOEXEC)");
-  copies_.emplace_back(copy);
-  fds_.push_back(copy);
+  copies_.push_back(duplicate_fd(fd));
+  fds_.push_back(copies_.back().get());
   return static_cast<std::uint32_t>(fds_.size() - 1);
 }
 

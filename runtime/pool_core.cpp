@@ -5,7 +5,6 @@
 #include <csignal>
 #include <stdexcept>
 #include <string>
-#include <thread>
 
 #include "runtime/detached.hpp"
 #include "runtime/error.hpp"
@@ -34,6 +33,22 @@ std::unique_ptr<Launcher> make_launcher(const PoolOptions& options) {
   throw std::invalid_argument("forkpool: StartMethod::spawn is not supported yet; use fork or forkserver");
 }
 
+// Tells the worker at the other end of `line` which storages it was lent were released here.
+// Never blocks: what the socket cannot take now goes with a later call. Safe on any thread.
+void send_released(PeerLoans& loans, Channel& line) {
+  std::vector<std::uint64_t> ids = loans.take_released();
+  if (ids.empty()) return;
+  Writer message = encode(ids);
+  try {
+    if (line.try_send(kReleaseMessage, 0, message.bytes())) return;
+  } catch (const ChannelClosed&) {
+    return;  // the worker is exiting: it unmaps everything
+  } catch (const std::exception&) {
+    // kept for later
+  }
+  loans.keep_released(ids);
+}
+
 }  // namespace
 
 struct PoolCore::Worker {
@@ -42,6 +57,7 @@ struct PoolCore::Worker {
   std::optional<Channel> channel;
   std::map<std::uint64_t, std::shared_ptr<Job>> in_flight;  // by request id
   std::shared_ptr<PeerLoans> loans = std::make_shared<PeerLoans>();  // storages it keeps mapped for us
+  std::shared_ptr<Channel> release_line;  // its socket again, for releases sent from any thread
   int assigned = 0;
   bool retiring = false;        // takes no more jobs (maxtasksperchild reached)
   bool write_closed = false;    // told to exit once idle
@@ -78,14 +94,10 @@ void PoolCore::spawn_worker() {
   worker->process = launcher_->spawn(worker->index, theirs.release());
   worker->channel.emplace(ours.release());
   workers_.push_back(worker);
-  // A storage released on this thread is dropped by the worker at once; one released on
-  // another thread waits for the next message to the worker (the pool is not thread-safe).
-  worker->loans->on_release([core = weak_from_this(), weak = std::weak_ptr<Worker>(worker),
-                             thread = std::this_thread::get_id()] {
-    if (std::this_thread::get_id() != thread) return;
-    auto self = core.lock();
-    if (auto w = weak.lock(); self && w) self->send_released(*w);
-  });
+  // A storage released here, on any thread, is dropped by the worker at once. The line owns
+  // its own descriptor, so it stays valid however the release races with the worker's end.
+  worker->release_line = std::make_shared<Channel>(duplicate_fd(worker->channel->fd()));
+  worker->loans->on_release([line = worker->release_line](PeerLoans& loans) { send_released(loans, *line); });
   spawn_detached(serve(worker));
   spawn_detached(watch(worker));
 }
@@ -148,7 +160,7 @@ void PoolCore::retire_if_idle(Worker& worker) {
 }
 
 Task<void> PoolCore::send(std::shared_ptr<Worker> worker, std::shared_ptr<Job> job, std::uint64_t id) {
-  send_released(*worker);
+  send_released(*worker->loans, *worker->release_line);
   // The worker keeps lent storages: only those new to it carry their descriptors.
   PeerLoans::Handover handover = worker->loans->lend(job->loan);
   std::vector<int> fds = std::move(handover.fds);
@@ -224,23 +236,8 @@ void PoolCore::handle_reply(Worker& worker, Message& message) {
     job->sink->chunk_failed(job->chunk, std::current_exception());
   }
   job.reset();  // may release lent storages
-  send_released(worker);
+  send_released(*worker.loans, *worker.release_line);  // any the socket could not take earlier
   dispatch();  // after close(), this also retires the worker once it is idle
-}
-
-void PoolCore::send_released(Worker& worker) {
-  std::vector<std::uint64_t> ids = worker.loans->take_released();
-  // A worker told to exit, or gone, unmaps everything anyway.
-  if (ids.empty() || worker.write_closed || worker.exited.is_set()) return;
-  Writer message = encode(ids);
-  try {
-    if (worker.channel->try_send(kReleaseMessage, 0, message.bytes())) return;
-  } catch (const ChannelClosed&) {
-    return;
-  } catch (const std::exception&) {
-    // Sent with the next message instead.
-  }
-  worker.loans->keep_released(ids);
 }
 
 Task<void> PoolCore::watch(std::shared_ptr<Worker> worker) {

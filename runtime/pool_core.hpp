@@ -68,7 +68,6 @@ class PoolCore : public std::enable_shared_from_this<PoolCore> {
   void on_worker_gone(const std::shared_ptr<Worker>& worker);
   void fail_queue(const std::exception_ptr& error);
   void handle_reply(Worker& worker, Message& message);
-  void send_released(Worker& worker);
   Task<void> serve(std::shared_ptr<Worker> worker);
   Task<void> watch(std::shared_ptr<Worker> worker);
   Task<void> send(std::shared_ptr<Worker> worker, std::shared_ptr<Job> job, std::uint64_t id);

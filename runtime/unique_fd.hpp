@@ -1,8 +1,11 @@
 #pragma once
 // UniqueFd: sole owner of one file descriptor; closes it exactly once.
 
+#include <errno.h>
+#include <fcntl.h>
 #include <unistd.h>
 
+#include <system_error>
 #include <utility>
 
 namespace forkpool {
@@ -35,5 +38,12 @@ class UniqueFd {
  private:
   int fd_ = -1;
 };
+
+// A close-on-exec duplicate of `fd`. Throws std::system_error (EMFILE, say).
+inline UniqueFd duplicate_fd(int fd) {
+  int copy = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (copy < 0) throw std::system_error(errno, std::generic_category(), "forkpool: duplicating a descriptor");
+  return UniqueFd(copy);
+}
 
 }  // namespace forkpool

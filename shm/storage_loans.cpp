@@ -52,21 +52,21 @@ void PeerLoans::keep_released(std::span<const std::uint64_t> ids) {
   released_.insert(released_.end(), ids.begin(), ids.end());
 }
 
-void PeerLoans::on_release(std::function<void()> callback) {
+void PeerLoans::on_release(std::function<void(PeerLoans&)> callback) {
   std::lock_guard lock(mutex_);
   on_release_ = std::move(callback);
 }
 
 void PeerLoans::released(std::uint64_t id) {
   if (getpid() != owner_) return;
-  std::function<void()> callback;
+  std::function<void(PeerLoans&)> callback;
   {
     std::lock_guard lock(mutex_);
     if (held_.erase(id) == 0) return;
     released_.push_back(id);
     callback = on_release_;
   }
-  if (callback) callback();
+  if (callback) callback(*this);
 }
 
 std::size_t BorrowedStorages::begin_message(std::span<const std::uint64_t> ids, std::span<UniqueFd> fds) {

@@ -67,7 +67,7 @@ class PeerLoans : public std::enable_shared_from_this<PeerLoans> {
   // Puts back ids that could not be sent now, to go with the next take_released().
   void keep_released(std::span<const std::uint64_t> ids);
   // Runs, on the releasing thread, whenever a storage the peer holds is released here.
-  void on_release(std::function<void()> callback);
+  void on_release(std::function<void(PeerLoans&)> callback);
 
  private:
   friend class Storage;
@@ -77,7 +77,7 @@ class PeerLoans : public std::enable_shared_from_this<PeerLoans> {
   std::mutex mutex_;
   absl::flat_hash_set<std::uint64_t> held_;
   std::vector<std::uint64_t> released_;
-  std::function<void()> on_release_;
+  std::function<void(PeerLoans&)> on_release_;
 };
 
 // The borrower's side: storages a peer lent, kept mapped until the peer releases them.

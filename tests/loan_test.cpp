@@ -77,13 +77,12 @@ TEST(Loans, ATensorTheParentLetsGoIsUnmappedInTheWorker) {
   EXPECT_TRUE(eventually([&] { return tensor_mappings_of(worker) == 0; })) << "the worker still maps it";
 }
 
-TEST(Loans, ATensorReleasedOnAnotherThreadIsDroppedWithTheNextMessage) {
+TEST(Loans, ATensorReleasedOnAnotherThreadIsUnmappedInTheWorker) {
   Pool pool({.processes = 1});
   pid_t worker = pool.worker_pids().at(0);
   std::optional<Tensor> t = Tensor::zeros({1 << 20}, DType::f32);
   pool.apply_async(storage_id_in_worker, *t).get();
-  std::thread([&] { t.reset(); }).join();
-  EXPECT_EQ(pool.apply_async(nothing, 1).get(), 1);
+  std::thread([&] { t.reset(); }).join();  // the pool's loop is not running meanwhile
   EXPECT_TRUE(eventually([&] { return tensor_mappings_of(worker) == 0; })) << "the worker still maps it";
 }
 
@@ -103,7 +102,6 @@ TEST(Loans, StoragesReleasedOnManyThreadsWhileThePoolRunsAreAllDropped) {
     });
   for (int i = 0; i < 50; ++i) EXPECT_EQ(pool.apply_async(nothing, i).get(), i);  // meanwhile
   for (auto& thread : threads) thread.join();
-  EXPECT_EQ(pool.apply_async(nothing, 0).get(), 0);
   EXPECT_TRUE(eventually([&] { return tensor_mappings_of(worker) == 0; })) << "the worker still maps some";
 }
 
@@ -139,7 +137,7 @@ TEST(Loans, ManyTensorsInOneChunkAreEachLentOnce) {
 TEST(Loans, APeerIsHandedEachStorageOnceAndToldWhenItIsReleased) {
   auto peer = std::make_shared<PeerLoans>();
   int callbacks = 0;
-  peer->on_release([&] { ++callbacks; });
+  peer->on_release([&](PeerLoans&) { ++callbacks; });
   std::optional<Tensor> t = Tensor::zeros({4}, DType::f32);
   MessageLoan loan;
   std::uint64_t id = loan.lend(t->storage());
