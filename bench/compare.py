@@ -95,14 +95,20 @@ if tensor:
         if py:
             ratio += f"; {py * 1e3 / t:.0f}x faster than torch.multiprocessing ({py:.0f} us; target >= 50)"
         row(f"tensor: round trip, {label}", f"{t / 1e3:.1f} us", ratio)
+    for size, label in ((4 << 10, "4 KiB"), (1 << 20, "1 MiB")):
+        f = tensor.get(f"BM_FreshTensorRoundTrip/{size}/real_time")
+        if f and small:
+            row(f"tensor: a new tensor every round trip, {label}", f"{ns(f) / 1e3:.1f} us",
+                f"{ns(f) / small:.1f}x the round trip of a tensor sent before")
     crossover = None
-    for size in (4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 64 << 20):
+    for size in (256, 1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 64 << 20):
         s = tensor.get(f"BM_SerializedBytesRoundTrip/{size}/real_time")
         t = tensor.get(f"BM_TensorRoundTrip/4096/real_time")
         if s and t and crossover is None and ns(s) > ns(t):
             crossover = size
     if crossover:
-        row("tensor: serialized bytes become slower than a shared tensor at", f"{crossover >> 10} KiB")
+        label = f"{crossover >> 10} KiB" if crossover >= 1 << 10 else f"{crossover} B"
+        row("tensor: serialized bytes become slower than a shared tensor at", label)
 
 width = max(len(r[0]) for r in rows) if rows else 0
 for what, figure, ratio in rows:
