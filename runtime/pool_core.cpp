@@ -58,6 +58,10 @@ struct PoolCore::Worker {
   std::map<std::uint64_t, std::shared_ptr<Job>> in_flight;  // by request id
   std::shared_ptr<PeerLoans> loans = std::make_shared<PeerLoans>();  // storages it keeps mapped for us
   std::shared_ptr<Channel> release_line;  // its socket again, for releases sent from any thread
+  // Jobs to send, in order: a job may rely on a storage an earlier one lent, and two sends in
+  // flight at once could overtake each other when the socket is full.
+  std::deque<std::pair<std::uint64_t, std::shared_ptr<Job>>> outbox;
+  bool sending = false;
   int assigned = 0;
   bool retiring = false;        // takes no more jobs (maxtasksperchild reached)
   bool write_closed = false;    // told to exit once idle
@@ -147,7 +151,8 @@ void PoolCore::dispatch() {
     std::uint64_t id = ++next_request_id_;
     worker->in_flight.emplace(id, job);
     if (options_.maxtasksperchild > 0 && ++worker->assigned >= options_.maxtasksperchild) worker->retiring = true;
-    spawn_detached(send(std::move(worker), std::move(job), id));
+    worker->outbox.emplace_back(id, std::move(job));
+    if (!worker->sending) spawn_detached(send_outbox(std::move(worker)));
   }
   if (closed_)
     for (auto& w : workers_) retire_if_idle(*w);
@@ -157,6 +162,16 @@ void PoolCore::retire_if_idle(Worker& worker) {
   if (!closed_ || !queue_.empty() || !worker.in_flight.empty() || worker.write_closed) return;
   worker.write_closed = true;
   worker.channel->shutdown_write();  // the worker sees end-of-file and exits
+}
+
+Task<void> PoolCore::send_outbox(std::shared_ptr<Worker> worker) {
+  worker->sending = true;
+  while (!worker->outbox.empty()) {
+    auto [id, job] = std::move(worker->outbox.front());
+    worker->outbox.pop_front();
+    co_await send(worker, std::move(job), id);
+  }
+  worker->sending = false;
 }
 
 Task<void> PoolCore::send(std::shared_ptr<Worker> worker, std::shared_ptr<Job> job, std::uint64_t id) {

@@ -70,6 +70,7 @@ class PoolCore : public std::enable_shared_from_this<PoolCore> {
   void handle_reply(Worker& worker, Message& message);
   Task<void> serve(std::shared_ptr<Worker> worker);
   Task<void> watch(std::shared_ptr<Worker> worker);
+  Task<void> send_outbox(std::shared_ptr<Worker> worker);
   Task<void> send(std::shared_ptr<Worker> worker, std::shared_ptr<Job> job, std::uint64_t id);
 
   PoolOptions options_;

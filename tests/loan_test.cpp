@@ -29,6 +29,10 @@ std::uint64_t storage_id_in_worker(Tensor t) { return t.storage()->id(); }
 Tensor same_tensor(Tensor t) { return t; }
 Tensor second_half(Tensor t) { return t.slice(0, t.shape()[0] / 2, t.shape()[0]); }
 int nothing(int x) { return x; }
+Tensor touch_first(Tensor t) {
+  t.data<float>()[0] += 1;
+  return t;
+}
 
 // How many mappings of tensor memfds process `pid` has.
 int tensor_mappings_of(pid_t pid) {
@@ -103,6 +107,30 @@ TEST(Loans, StoragesReleasedOnManyThreadsWhileThePoolRunsAreAllDropped) {
   for (int i = 0; i < 50; ++i) EXPECT_EQ(pool.apply_async(nothing, i).get(), i);  // meanwhile
   for (auto& thread : threads) thread.join();
   EXPECT_TRUE(eventually([&] { return tensor_mappings_of(worker) == 0; })) << "the worker still maps some";
+}
+
+int sleep_ms(int ms) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  return ms;
+}
+
+// The kernel queues few datagrams per socket (net.unix.max_dgram_qlen): releases sent while the
+// worker is busy fill it, and later jobs must still arrive in order and complete.
+TEST(Loans, ReleasesThatFillABusyWorkersSocketLoseNothing) {
+  Pool pool({.processes = 1});
+  pid_t worker = pool.worker_pids().at(0);
+  std::vector<Tensor> dropped;
+  for (int i = 0; i < 40; ++i) dropped.push_back(Tensor::zeros({16}, DType::f32));
+  pool.map_async(storage_id_in_worker, dropped).get();
+  auto busy = pool.apply_async(sleep_ms, 200);
+  dropped.clear();  // 40 releases while the worker sleeps
+  Tensor kept = Tensor::zeros({16}, DType::f32);
+  std::vector<AsyncResult<Tensor>> results;
+  for (int i = 0; i < 8; ++i) results.push_back(pool.apply_async(touch_first, kept));
+  EXPECT_EQ(busy.get(), 200);
+  for (auto& result : results) EXPECT_EQ(result.get().storage(), kept.storage());
+  EXPECT_EQ(kept.data<float>()[0], 8.0f);
+  EXPECT_TRUE(eventually([&] { return tensor_mappings_of(worker) == 1; })) << tensor_mappings_of(worker);
 }
 
 TEST(Loans, AReplacementWorkerIsLentTheStorageAfresh) {
