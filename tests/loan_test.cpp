@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -29,6 +30,7 @@ std::uint64_t storage_id_in_worker(Tensor t) { return t.storage()->id(); }
 Tensor same_tensor(Tensor t) { return t; }
 Tensor second_half(Tensor t) { return t.slice(0, t.shape()[0] / 2, t.shape()[0]); }
 int nothing(int x) { return x; }
+std::int32_t first_int(Tensor t) { return t.data<std::int32_t>()[0]; }
 Tensor touch_first(Tensor t) {
   t.data<float>()[0] += 1;
   return t;
@@ -131,6 +133,21 @@ TEST(Loans, ReleasesThatFillABusyWorkersSocketLoseNothing) {
   for (auto& result : results) EXPECT_EQ(result.get().storage(), kept.storage());
   EXPECT_EQ(kept.data<float>()[0], 8.0f);
   EXPECT_TRUE(eventually([&] { return tensor_mappings_of(worker) == 1; })) << tensor_mappings_of(worker);
+}
+
+// A worker keeps a descriptor per storage it holds for the parent: the parent's releases must
+// keep that bounded by what the parent holds, not by what it ever sent.
+TEST(Loans, AWorkerLentThousandsOfTensorsOverItsLifeNeverRunsOutOfDescriptors) {
+  Pool pool({.processes = 1, .initializer = [] {
+               rlimit limit{64, 64};
+               if (setrlimit(RLIMIT_NOFILE, &limit) != 0) std::abort();
+             }});
+  for (int i = 0; i < 5'000; ++i) {
+    Tensor t = Tensor::zeros({4}, DType::i32);
+    t.data<std::int32_t>()[0] = i;
+    ASSERT_EQ(pool.apply_async(first_int, t).get(), i);
+  }
+  EXPECT_EQ(pool.worker_pids().size(), 1u);
 }
 
 TEST(Loans, AReplacementWorkerIsLentTheStorageAfresh) {
