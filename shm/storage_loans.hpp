@@ -15,15 +15,14 @@
 
 #include <sys/types.h>
 
-#include <absl/container/flat_hash_map.h>
-#include <absl/container/flat_hash_set.h>
-
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "ipc/codec.hpp"
@@ -44,7 +43,7 @@ class MessageLoan final : public CodecContext {
 
  private:
   std::vector<std::shared_ptr<Storage>> storages_;
-  absl::flat_hash_map<std::uint64_t, std::size_t> index_;  // id -> position in storages_
+  std::unordered_map<std::uint64_t, std::size_t> index_;  // id -> position in storages_
 };
 
 // The lender's record of what one peer holds. Thread-safe: a storage may be released on any thread.
@@ -75,7 +74,7 @@ class PeerLoans : public std::enable_shared_from_this<PeerLoans> {
 
   pid_t owner_;  // a forked child inherits this object, but its releases are not the owner's
   std::mutex mutex_;
-  absl::flat_hash_set<std::uint64_t> held_;
+  std::unordered_set<std::uint64_t> held_;
   std::vector<std::uint64_t> released_;
   std::function<void(PeerLoans&)> on_release_;
 };
@@ -96,8 +95,8 @@ class BorrowedStorages final : public CodecContext {
   std::size_t size() const noexcept { return held_.size(); }
 
  private:
-  absl::flat_hash_map<std::uint64_t, std::shared_ptr<Storage>> held_;
-  absl::flat_hash_map<const Storage*, std::uint64_t> current_;  // lent by the current message
+  std::unordered_map<std::uint64_t, std::shared_ptr<Storage>> held_;
+  std::unordered_map<const Storage*, std::uint64_t> current_;  // lent by the current message
 };
 
 }  // namespace forkpool
