@@ -55,6 +55,8 @@ void codec<Tensor>::encode(Writer& w, const Tensor& tensor) {
     w.write(StorageKind::returned);
     w.write(*returned_id);
   } else if (loan && storage->strategy() == SharingStrategy::file_descriptor) {
+    // Only memfds are lent: the kernel frees them whoever dies. A borrower of a named segment
+    // would add to its count of holders, which a killed borrower never gives back.
     w.write(StorageKind::lent);
     w.write(loan->lend(storage));
   } else if (storage->strategy() == SharingStrategy::file_descriptor) {

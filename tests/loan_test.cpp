@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -15,6 +16,7 @@
 #include "ipc/channel.hpp"
 #include "runtime/pool.hpp"
 #include "runtime/process.hpp"
+#include "shm/sharing.hpp"
 #include "shm/storage_loans.hpp"
 #include "shm/tensor.hpp"
 #include "shm/tensor_codec.hpp"
@@ -148,6 +150,21 @@ TEST(Loans, AWorkerLentThousandsOfTensorsOverItsLifeNeverRunsOutOfDescriptors) {
     ASSERT_EQ(pool.apply_async(first_int, t).get(), i);
   }
   EXPECT_EQ(pool.worker_pids().size(), 1u);
+}
+
+// file_system storages are not lent: a worker killed while holding a segment could not give
+// back its count of holders, and the name would outlive every user until the parent exits.
+TEST(Loans, ASegmentSentToAPoolThatIsTerminatedKeepsNoName) {
+  set_sharing_strategy(SharingStrategy::file_system);
+  std::optional<Tensor> t = Tensor::zeros({1024}, DType::f32);
+  set_sharing_strategy(SharingStrategy::file_descriptor);
+  std::string segment = t->storage()->name();
+  {
+    Pool pool({.processes = 1});
+    EXPECT_EQ(pool.apply_async(same_tensor, *t).get().storage(), t->storage());
+  }  // ~Pool terminates: the worker is killed
+  t.reset();
+  EXPECT_TRUE(eventually([&] { return !std::filesystem::exists("/dev/shm/" + segment); })) << segment << " kept its name";
 }
 
 TEST(Loans, AReplacementWorkerIsLentTheStorageAfresh) {
