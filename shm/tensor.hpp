@@ -2,6 +2,8 @@
 // Tensor: an n-dimensional view (shape, strides, dtype, byte offset) of a Storage. Copies are
 // cheap and share the storage, as do views and slices. Tensors made here live in shared memory
 // from birth: sent to a worker or returned from one, they are the same memory on both sides.
+// Tensors may be copied and dropped on any thread (a Tensor object itself is not synchronized:
+// like std::shared_ptr, one object is not written on two threads at once).
 
 #include <cstddef>
 #include <cstdint>
