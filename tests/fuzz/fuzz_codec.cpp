@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ipc/codec.hpp"
+#include "shm/storage_loans.hpp"
 #include "shm/tensor_codec.hpp"
 
 namespace fp = forkpool;
@@ -28,12 +29,31 @@ void try_decode(std::span<const std::byte> bytes) {
   }
 }
 
+// A worker's reply as the parent decodes it: it may name storages the job lent (this one, id 1
+// in a fresh process) by id alone.
+void try_decode_reply(std::span<const std::byte> bytes) {
+  static fp::MessageLoan* loan = [] {
+    auto* made = new fp::MessageLoan();
+    made->lend(fp::Tensor::zeros({64}, fp::DType::f32).storage());
+    return made;
+  }();
+  try {
+    fp::Reader reader(bytes, {}, loan);
+    fp::Tensor tensor = reader.read<fp::Tensor>();
+    reader.expect_end();
+    // Every byte the view reaches is inside the mapping: touch the last one.
+    auto extent = fp::detail::view_extent(tensor.shape(), tensor.strides(), fp::element_size(tensor.dtype()));
+    if (tensor.storage() && extent && *extent > 0) (void)static_cast<volatile std::byte*>(tensor.raw_data())[*extent - 1];
+  } catch (const fp::ProtocolError&) {
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size == 0) return 0;
   auto bytes = std::as_bytes(std::span(data + 1, size - 1));
-  switch (data[0] % 14) {
+  switch (data[0] % 15) {
     case 0: try_decode<int>(bytes); break;
     case 1: try_decode<bool>(bytes); break;
     case 2: try_decode<std::string>(bytes); break;
@@ -53,6 +73,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       } catch (const std::invalid_argument&) {
       }
       break;
+    case 14: try_decode_reply(bytes); break;
   }
   return 0;
 }
