@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every benchmark and the Python peers in one go (this machine is noisy: compare within a
-# run) and prints the ratios the issues name. Usage: bench/run_all.sh BUILD_DIR
+# run; each benchmark is repeated and its median kept) and prints the ratios the issues name.
+# Usage: bench/run_all.sh BUILD_DIR
 set -euo pipefail
 build=${1:-build-release}
 out=${BENCH_OUT:-$build/bench-results}
@@ -9,6 +10,7 @@ mkdir -p "$out"
 for b in loop ipc pool tensor; do
   echo "== ${b}_bench (io_uring)" >&2
   FORKPOOL_BACKEND=io_uring "$build/bench/${b}_bench" --benchmark_min_time=0.3 \
+    --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
     --benchmark_out="$out/$b.json" --benchmark_out_format=json >&2
 done
 echo "== loop_bench (epoll)" >&2
