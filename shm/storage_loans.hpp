@@ -92,7 +92,6 @@ class BorrowedStorages final : public CodecContext {
   std::optional<std::uint64_t> lent_id_of(const Storage& storage) const;
   // Drops the storages the lender released. Throws ProtocolError for an id not held.
   void release(std::span<const std::uint64_t> ids);
-  std::size_t size() const noexcept { return held_.size(); }
 
  private:
   std::unordered_map<std::uint64_t, std::shared_ptr<Storage>> held_;
