@@ -11,10 +11,10 @@
 #include <cstring>
 #include <vector>
 
-#include "bench/raw_pingpong.hpp"
-#include "ipc/channel.hpp"
-#include "runtime/loop.hpp"
-#include "runtime/when_all.hpp"
+#include "raw_pingpong.hpp"
+#include <forkpool/ipc/internal/channel.hpp>
+#include <forkpool/runtime/loop.hpp>
+#include <forkpool/runtime/when_all.hpp>
 
 namespace fp = forkpool;
 

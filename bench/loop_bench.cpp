@@ -9,9 +9,9 @@
 #include <array>
 #include <cstdlib>
 
-#include "runtime/io.hpp"
-#include "runtime/loop.hpp"
-#include "runtime/task.hpp"
+#include <forkpool/runtime/internal/io.hpp>
+#include <forkpool/runtime/loop.hpp>
+#include <forkpool/runtime/task.hpp>
 
 namespace fp = forkpool;
 

@@ -9,8 +9,8 @@
 #include <ranges>
 #include <vector>
 
-#include "bench/raw_pingpong.hpp"
-#include "runtime/pool.hpp"
+#include "raw_pingpong.hpp"
+#include <forkpool/pool/pool.hpp>
 
 namespace fp = forkpool;
 

@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "runtime/pool.hpp"
-#include "shm/tensor.hpp"
-#include "shm/tensor_codec.hpp"
+#include <forkpool/pool/pool.hpp>
+#include <forkpool/shm/tensor.hpp>
+#include <forkpool/shm/tensor_codec.hpp>
 
 namespace fp = forkpool;
 

@@ -1,4 +1,4 @@
-#include "ipc/channel.hpp"
+#include <forkpool/ipc/internal/channel.hpp>
 
 #include <errno.h>
 #include <sys/socket.h>
@@ -6,7 +6,8 @@
 #include <string>
 #include <system_error>
 
-#include "runtime/error.hpp"
+#include <forkpool/runtime/error.hpp>
+#include <forkpool/runtime/internal/errno.hpp>
 
 namespace forkpool {
 namespace {
@@ -20,8 +21,7 @@ void check_sent(long result, const OutgoingFrame& frame) {
     return;
   }
   int error = static_cast<int>(-result);
-  if (error == EPIPE || error == ECONNRESET || error == ENOTCONN)
-    throw ChannelClosed(std::string("forkpool: the peer is gone (") + strerrorname_np(error) + ")");
+  if (ChannelClosed::is_peer_gone(error)) ChannelClosed::throw_peer_gone(error);
   throw std::system_error(error, std::generic_category(), "forkpool: sendmsg");
 }
 
@@ -37,7 +37,7 @@ long sendmsg_retrying(int fd, const OutgoingFrame& frame, int flags) {
 
 std::pair<Channel, Channel> Channel::make_pair() {
   int fds[2];
-  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, fds) < 0) throw_last_errno("forkpool: socketpair");
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, fds) < 0) detail::throw_last_errno("forkpool: socketpair");
   return {Channel(UniqueFd(fds[0])), Channel(UniqueFd(fds[1]))};
 }
 

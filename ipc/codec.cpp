@@ -1,4 +1,4 @@
-#include "ipc/codec.hpp"
+#include <forkpool/ipc/codec.hpp>
 
 #include <fcntl.h>
 
@@ -17,7 +17,10 @@ std::uint32_t Attachments::add_borrowed(int fd, std::shared_ptr<const void> owne
 }
 
 std::size_t Reader::read_count(std::size_t min_element_size, const char* what) {
-  auto count = read<std::uint64_t>();
+  return check_count(read<std::uint64_t>(), min_element_size, what);
+}
+
+std::size_t Reader::check_count(std::uint64_t count, std::size_t min_element_size, const char* what) const {
   if (min_element_size > 0 && count > remaining() / min_element_size)
     fail(std::string(what) + " claims " + std::to_string(count) + " elements but only " +
          std::to_string(remaining()) + " bytes remain");

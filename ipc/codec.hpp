@@ -28,8 +28,8 @@
 #include <variant>
 #include <vector>
 
-#include "runtime/error.hpp"
-#include "runtime/unique_fd.hpp"
+#include <forkpool/runtime/error.hpp>
+#include <forkpool/runtime/internal/unique_fd.hpp>
 
 namespace forkpool {
 
@@ -146,11 +146,12 @@ class Reader {
   // A count of elements that take at least `min_element_size` bytes each: checked against
   // what remains, so a lying count never causes a large allocation.
   std::size_t read_count(std::size_t min_element_size, const char* what);
+  // As read_count, for a count already read from elsewhere in the message.
+  std::size_t check_count(std::uint64_t count, std::size_t min_element_size, const char* what) const;
   // The descriptor attached at `index`; each may be taken once.
   UniqueFd take_fd(std::uint32_t index);
 
   std::size_t remaining() const noexcept { return bytes_.size() - offset_; }
-  std::size_t offset() const noexcept { return offset_; }
   // Trailing bytes are an error.
   void expect_end() const {
     if (remaining() != 0) fail(std::to_string(remaining()) + " unexpected trailing bytes");
@@ -236,11 +237,12 @@ struct MapCodec {
 
 }  // namespace detail
 
+// Numbers and plain aggregates travel as their bytes.
 template <class T>
-  requires detail::Bitwise<T>
+  requires detail::Bitwise<T> || detail::PlainAggregate<T>
 struct codec<T> {
   static constexpr std::size_t min_size = sizeof(T);
-  static void encode(Writer& w, T value) { w.write_bytes(&value, sizeof value); }
+  static void encode(Writer& w, const T& value) { w.write_bytes(&value, sizeof value); }
   static T decode(Reader& r) {
     T value;
     r.read_bytes(&value, sizeof value);
@@ -394,17 +396,5 @@ template <class K, class V, class C, class A>
 struct codec<std::map<K, V, C, A>> : detail::MapCodec<std::map<K, V, C, A>> {};
 template <class K, class V, class H, class E, class A>
 struct codec<std::unordered_map<K, V, H, E, A>> : detail::MapCodec<std::unordered_map<K, V, H, E, A>> {};
-
-template <class T>
-  requires detail::PlainAggregate<T>
-struct codec<T> {
-  static constexpr std::size_t min_size = sizeof(T);
-  static void encode(Writer& w, const T& value) { w.write_bytes(&value, sizeof value); }
-  static T decode(Reader& r) {
-    T value;
-    r.read_bytes(&value, sizeof value);
-    return value;
-  }
-};
 
 }  // namespace forkpool

@@ -1,4 +1,4 @@
-#include "ipc/frame.hpp"
+#include <forkpool/ipc/internal/frame.hpp>
 
 #include <errno.h>
 #include <sys/mman.h>
@@ -8,8 +8,8 @@
 #include <string>
 #include <system_error>
 
-#include "ipc/memfd.hpp"
-#include "runtime/error.hpp"
+#include <forkpool/ipc/internal/memfd.hpp>
+#include <forkpool/runtime/error.hpp>
 
 namespace forkpool {
 namespace {
@@ -69,11 +69,18 @@ msghdr* FrameReceiver::prepare() {
   return &msg_;
 }
 
+bool ChannelClosed::is_peer_gone(int error) noexcept {
+  return error == ECONNRESET || error == EPIPE || error == ENOTCONN;
+}
+
+void ChannelClosed::throw_peer_gone(int error) {
+  throw ChannelClosed(std::string("forkpool: the peer is gone (") + strerrorname_np(error) + ")");
+}
+
 Message FrameReceiver::finish(long result) {
   if (result < 0) {
     int error = static_cast<int>(-result);
-    if (error == ECONNRESET || error == EPIPE || error == ENOTCONN)
-      throw ChannelClosed(std::string("forkpool: the peer is gone (") + strerrorname_np(error) + ")");
+    if (ChannelClosed::is_peer_gone(error)) ChannelClosed::throw_peer_gone(error);
     throw std::system_error(error, std::generic_category(), "recvmsg");
   }
   // Own every descriptor that arrived before looking at anything else: even an empty datagram

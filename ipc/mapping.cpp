@@ -1,15 +1,16 @@
-#include "ipc/mapping.hpp"
+#include <forkpool/ipc/internal/mapping.hpp>
 
 #include <sys/mman.h>
 
-#include "runtime/error.hpp"
+#include <forkpool/runtime/error.hpp>
+#include <forkpool/runtime/internal/errno.hpp>
 
 namespace forkpool {
 
 Mapping Mapping::map(int fd, std::size_t size, int protection, off_t offset) {
   if (size == 0) return {};
   void* address = mmap(nullptr, size, protection, MAP_SHARED, fd, offset);
-  if (address == MAP_FAILED) throw_last_errno("mmap");
+  if (address == MAP_FAILED) detail::throw_last_errno("mmap");
   return Mapping(address, size);
 }
 

@@ -1,4 +1,4 @@
-#include "ipc/memfd.hpp"
+#include <forkpool/ipc/internal/memfd.hpp>
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -9,8 +9,9 @@
 #include <cstring>
 #include <string>
 
-#include "ipc/mapping.hpp"
-#include "runtime/error.hpp"
+#include <forkpool/ipc/internal/mapping.hpp>
+#include <forkpool/runtime/error.hpp>
+#include <forkpool/runtime/internal/errno.hpp>
 
 #ifndef MFD_NOEXEC_SEAL
 #define MFD_NOEXEC_SEAL 0x0008U
@@ -30,14 +31,14 @@ UniqueFd create_memfd(const char* name, std::size_t size) {
     if (fd < 0 && errno == EINVAL) g_noexec_seal_known_missing.store(true, std::memory_order_relaxed);
   }
   if (fd < 0) fd = memfd_create(name, flags);
-  if (fd < 0) throw_last_errno("memfd_create");
+  if (fd < 0) detail::throw_last_errno("memfd_create");
   UniqueFd owned(fd);
-  if (ftruncate(fd, static_cast<off_t>(size)) < 0) throw_last_errno("ftruncate(memfd)");
+  if (ftruncate(fd, static_cast<off_t>(size)) < 0) detail::throw_last_errno("ftruncate(memfd)");
   return owned;
 }
 
 void seal_size(int fd) {
-  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) throw_last_errno("F_ADD_SEALS");
+  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) detail::throw_last_errno("F_ADD_SEALS");
 }
 
 UniqueFd sealed_memfd_with(const char* name, std::span<const std::byte> bytes) {
@@ -46,7 +47,7 @@ UniqueFd sealed_memfd_with(const char* name, std::span<const std::byte> bytes) {
   for (std::size_t done = 0; done < bytes.size();) {
     ssize_t n = pwrite(fd.get(), bytes.data() + done, bytes.size() - done, static_cast<off_t>(done));
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) throw_last_errno("forkpool: writing a payload memfd");
+    if (n <= 0) detail::throw_last_errno("forkpool: writing a payload memfd");
     done += static_cast<std::size_t>(n);
   }
   seal_size(fd.get());

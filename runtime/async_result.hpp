@@ -11,9 +11,10 @@
 #include <type_traits>
 #include <variant>
 
-#include "runtime/error.hpp"
-#include "runtime/event.hpp"
-#include "runtime/loop.hpp"
+#include <forkpool/runtime/error.hpp>
+#include <forkpool/runtime/internal/blocking_wait.hpp>
+#include <forkpool/runtime/internal/event.hpp>
+#include <forkpool/runtime/loop.hpp>
 
 namespace forkpool {
 namespace detail {
@@ -21,7 +22,7 @@ namespace detail {
 template <class R>
 class ResultState {
  public:
-  using Stored = std::conditional_t<std::is_void_v<R>, std::monostate, R>;
+  using Stored = NonVoid<R>;
 
   bool ready() const noexcept { return done_.is_set(); }
   bool successful() const noexcept { return ready() && !error_; }
@@ -54,10 +55,6 @@ class ResultState {
   std::exception_ptr error_;
   Event done_;
 };
-
-// Drives the calling thread's loop (outside any coroutine) until `ready()` or `timeout` passes.
-bool drive_loop_until(const std::function<bool()>& ready, std::optional<std::chrono::nanoseconds> timeout,
-                      const char* who);
 
 }  // namespace detail
 

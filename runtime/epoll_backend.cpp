@@ -8,15 +8,16 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <absl/container/flat_hash_map.h>
 
 #include <array>
 #include <set>
+#include <unordered_map>
 #include <utility>
 
-#include "runtime/backend.hpp"
-#include "runtime/error.hpp"
-#include "runtime/unique_fd.hpp"
+#include <forkpool/runtime/internal/backend.hpp>
+#include <forkpool/runtime/error.hpp>
+#include <forkpool/runtime/internal/unique_fd.hpp>
+#include <forkpool/runtime/internal/errno.hpp>
 
 namespace forkpool::detail {
 namespace {
@@ -113,7 +114,11 @@ class EpollBackend final : public Backend {
 
   int pollable_fd() const override { return epoll_.get(); }
   const char* name() const override { return "epoll"; }
-  void abandon() noexcept override {}  // epoll and timerfd copies are private to the child
+  void abandon() noexcept override {
+    // The child's copies of the descriptors; the epoll set itself stays the parent's.
+    epoll_.reset();
+    timer_.reset();
+  }
 
  private:
   struct Waiters {
@@ -218,7 +223,7 @@ class EpollBackend final : public Backend {
 
   UniqueFd epoll_;
   UniqueFd timer_;
-  absl::flat_hash_map<int, Waiters> waiters_;
+  std::unordered_map<int, Waiters> waiters_;
   std::set<std::pair<std::int64_t, Operation*>> timers_;
 };
 

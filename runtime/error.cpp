@@ -1,11 +1,7 @@
-#include "runtime/error.hpp"
+#include <forkpool/runtime/error.hpp>
 
-#include <cxxabi.h>
 #include <string.h>
 
-#include <cstdlib>
-#include <memory>
-#include <system_error>
 
 namespace forkpool {
 namespace {
@@ -27,8 +23,14 @@ std::string describe_end(int exit_code, int signal) {
 
 }  // namespace
 
-RemoteError::RemoteError(std::string type_name, const std::string& message, pid_t worker_pid)
-    : Error(message), type_name_(std::move(type_name)), worker_pid_(worker_pid) {}
+RemoteError::RemoteError(std::string type_name, std::string message, pid_t worker_pid)
+    : Error("forkpool: worker " + std::to_string(worker_pid) + " raised " + type_name + ": " + message),
+      type_name_(std::move(type_name)), message_(std::move(message)), worker_pid_(worker_pid) {}
+
+InitializerError::InitializerError(std::string type_name, std::string message, pid_t worker_pid)
+    : Error("forkpool: the pool's initializer raised " + type_name + ": " + message + " (in worker " +
+            std::to_string(worker_pid) + ")"),
+      type_name_(std::move(type_name)), message_(std::move(message)), worker_pid_(worker_pid) {}
 
 WorkerLost::WorkerLost(pid_t pid, int exit_code, int signal)
     : Error("forkpool: worker " + std::to_string(pid) + " died while running the task (" +
@@ -48,17 +50,6 @@ ProcessExitedException::ProcessExitedException(int rank, pid_t pid, int exit_cod
 
 std::string ProcessExitedException::signal_name() const {
   return signal_ ? signal_name_of(signal_) : std::string();
-}
-
-void throw_errno(int error, const char* what) {
-  throw std::system_error(error, std::generic_category(), what);
-}
-
-std::string demangle(const char* mangled) {
-  int status = 0;
-  std::unique_ptr<char, decltype(&std::free)> readable(
-      abi::__cxa_demangle(mangled, nullptr, nullptr, &status), &std::free);
-  return status == 0 && readable ? std::string(readable.get()) : std::string(mangled);
 }
 
 }  // namespace forkpool

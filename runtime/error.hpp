@@ -3,8 +3,6 @@
 
 #include <sys/types.h>
 
-#include <cerrno>
-
 #include <stdexcept>
 #include <string>
 
@@ -15,15 +13,32 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// The task threw in the worker.
+// The task threw in the worker. what() says all three: "forkpool: worker 123 raised
+// std::runtime_error: bad input"; message() is the remote what() alone.
 class RemoteError : public Error {
  public:
-  RemoteError(std::string type_name, const std::string& message, pid_t worker_pid);
+  RemoteError(std::string type_name, std::string message, pid_t worker_pid);
   const std::string& type_name() const noexcept { return type_name_; }
+  const std::string& message() const noexcept { return message_; }
   pid_t worker_pid() const noexcept { return worker_pid_; }
 
  private:
   std::string type_name_;
+  std::string message_;
+  pid_t worker_pid_;
+};
+
+// The pool's initializer threw in a worker: its type and message, as RemoteError gives them.
+class InitializerError : public Error {
+ public:
+  InitializerError(std::string type_name, std::string message, pid_t worker_pid);
+  const std::string& type_name() const noexcept { return type_name_; }
+  const std::string& message() const noexcept { return message_; }
+  pid_t worker_pid() const noexcept { return worker_pid_; }
+
+ private:
+  std::string type_name_;
+  std::string message_;
   pid_t worker_pid_;
 };
 
@@ -57,14 +72,14 @@ class TimeoutError : public Error {
   using Error::Error;
 };
 
-// A message or descriptor that came from another process failed validation.
-class ProtocolError : public Error {
+// AsyncResult::cancel() stopped the task.
+class Cancelled : public Error {
  public:
-  using Error::Error;
+  Cancelled() : Error("forkpool: the task was cancelled") {}
 };
 
-// The peer of a channel is gone (EOF, ECONNRESET, EPIPE): distinct from a malformed message.
-class ChannelClosed : public Error {
+// A message or descriptor that came from another process failed validation.
+class ProtocolError : public Error {
  public:
   using Error::Error;
 };
@@ -100,12 +115,5 @@ class ProcessExitedException : public Error {
   int exit_code_;
   int signal_;
 };
-
-// Throws std::system_error for errno value `error` (positive), naming what failed.
-[[noreturn]] void throw_errno(int error, const char* what);
-[[noreturn]] inline void throw_last_errno(const char* what) { throw_errno(errno, what); }
-
-// The readable, demangled name of a type_info's type.
-std::string demangle(const char* mangled);
 
 }  // namespace forkpool

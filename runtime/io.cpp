@@ -1,19 +1,17 @@
-#include "runtime/io.hpp"
+#include <forkpool/runtime/internal/io.hpp>
 
 #include <errno.h>
 #include <poll.h>
 
-namespace forkpool {
-namespace {
+#include <forkpool/runtime/internal/loop_internals.hpp>
 
+namespace forkpool {
 __kernel_timespec to_kernel_time(Clock::time_point when) {
   // steady_clock is CLOCK_MONOTONIC on Linux, the clock the kernel's timeouts use.
   auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(when.time_since_epoch()).count();
   if (ns < 0) ns = 0;
   return {ns / 1'000'000'000, ns % 1'000'000'000};
 }
-
-}  // namespace
 
 IoAwaitable::IoAwaitable(const detail::Operation& request, IoOptions options)
     : main_(request), stop_(options.stop.get()), deadline_(options.deadline) {
@@ -31,11 +29,11 @@ bool IoAwaitable::await_suspend(std::coroutine_handle<> awaiter) {
   awaiter_ = awaiter;
   loop_ = &Loop::current();
   pending_ = 1;
-  loop_->start(&main_);
+  detail::LoopInternals::start(*loop_, &main_);
   if (deadline_) {
     ++pending_;
     timer_.deadline = to_kernel_time(*deadline_);
-    loop_->start(&timer_);
+    detail::LoopInternals::start(*loop_, &timer_);
   }
   if (stop_.stop_possible()) stop_callback_.emplace(stop_, StopRequest{this});
   return true;
@@ -49,15 +47,15 @@ int IoAwaitable::await_resume() noexcept {
 
 void IoAwaitable::StopRequest::operator()() const noexcept {
   // Runs on the loop's thread (forkpool is single-threaded); completion comes through the loop.
-  self->loop_->cancel(&self->main_);
-  if (self->pending_ > 1) self->loop_->cancel(&self->timer_);
+  detail::LoopInternals::cancel(*self->loop_, &self->main_);
+  if (self->pending_ > 1) detail::LoopInternals::cancel(*self->loop_, &self->timer_);
 }
 
 void IoAwaitable::main_done(detail::Operation* op, int result) {
   auto* self = static_cast<IoAwaitable*>(op->context);
   self->main_.result = result;
   self->main_finished_ = true;
-  if (self->pending_ > 1) self->loop_->cancel(&self->timer_);
+  if (self->pending_ > 1) detail::LoopInternals::cancel(*self->loop_, &self->timer_);
   self->finish_one();
 }
 
@@ -65,7 +63,7 @@ void IoAwaitable::timer_done(detail::Operation* op, int result) {
   auto* self = static_cast<IoAwaitable*>(op->context);
   if (result == -ETIME && !self->main_finished_) {
     self->timed_out_ = true;
-    self->loop_->cancel(&self->main_);
+    detail::LoopInternals::cancel(*self->loop_, &self->main_);
   }
   self->finish_one();
 }
@@ -125,7 +123,5 @@ IoAwaitable wait_until(Clock::time_point when, StopRef stop) {
   return IoAwaitable(op, IoOptions{.stop = stop});
 }
 
-Task<void> sleep_until(Clock::time_point when) { co_await wait_until(when); }
-Task<void> sleep_for(std::chrono::nanoseconds duration) { co_await wait_until(Clock::now() + duration); }
 
 }  // namespace forkpool

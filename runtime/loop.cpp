@@ -1,4 +1,4 @@
-#include "runtime/loop.hpp"
+#include <forkpool/runtime/loop.hpp>
 
 #include <pthread.h>
 #include <sys/epoll.h>
@@ -11,8 +11,9 @@
 #include <mutex>
 #include <vector>
 
-#include "runtime/async_result.hpp"
-#include "runtime/error.hpp"
+#include <forkpool/runtime/internal/errno.hpp>
+#include <forkpool/runtime/internal/io.hpp>
+#include <forkpool/runtime/internal/loop_internals.hpp>
 
 namespace forkpool {
 namespace {
@@ -21,10 +22,6 @@ constexpr unsigned kRingEntries = 256;
 
 // initial-exec: the loop is looked up on every operation, and this library is not dlopen()ed.
 __attribute__((tls_model("initial-exec"))) thread_local Loop* t_loop = nullptr;
-// Bumped in every forked child (pthread_atfork): a loop made under an older generation belongs
-// to an ancestor process. Cheaper than asking getpid() on every operation.
-std::atomic<unsigned> g_fork_generation{0};
-void note_fork_in_child() { g_fork_generation.fetch_add(1, std::memory_order_relaxed); }
 // Loops inherited through fork(): their kernel objects belong to the parent. Kept reachable (not
 // destroyed: their coroutines are the parent's) so leak checkers stay quiet.
 std::vector<Loop*>* g_abandoned = nullptr;
@@ -52,36 +49,45 @@ pthread_key_t loop_key() {
 
 }  // namespace
 
-Loop::Loop() : backend_(choose_backend()), generation_(g_fork_generation.load(std::memory_order_relaxed)) {
+using detail::LoopInternals;
+
+Loop::Loop() : backend_(choose_backend()) {
   static std::once_flag registered;
-  std::call_once(registered, [] { pthread_atfork(nullptr, nullptr, &note_fork_in_child); });
+  std::call_once(registered, [] { pthread_atfork(nullptr, nullptr, &detail::LoopInternals::abandon_after_fork); });
 }
 
 Loop::~Loop() {
   try {
-    finish_lingering();
+    LoopInternals::finish(*this);
   } catch (...) {
   }
 }
 
+const char* Loop::backend_name() const { return backend_->name(); }
+
 Loop& Loop::current() {
-  if (t_loop && t_loop->generation_ != g_fork_generation.load(std::memory_order_relaxed)) [[unlikely]] {
-    // We are a forked child: leave the parent's loop untouched and make our own.
-    t_loop->backend_->abandon();
-    t_loop->host_fd_.reset();
-    t_loop->wake_fd_.reset();
-    if (!g_abandoned) g_abandoned = new std::vector<Loop*>;
-    g_abandoned->push_back(t_loop);
-    t_loop = nullptr;
-  }
-  if (!t_loop) {
+  if (!t_loop) [[unlikely]] {
     t_loop = new Loop();
     pthread_setspecific(loop_key(), t_loop);
   }
   return *t_loop;
 }
 
-Loop::DriveGuard::DriveGuard(Loop& loop, const char* who) : loop_(loop) {
+void detail::LoopInternals::abandon_after_fork() {
+  // In the child, at once: the descriptors still have the numbers the loop knows (a helper
+  // process renumbers its own later). The parent's coroutines are left alone; the child makes a
+  // fresh loop on first use.
+  Loop* inherited = std::exchange(t_loop, nullptr);
+  if (!inherited) return;
+  inherited->backend_->abandon();
+  inherited->host_fd_.reset();
+  inherited->wake_fd_.reset();
+  if (!g_abandoned) g_abandoned = new std::vector<Loop*>;
+  g_abandoned->push_back(inherited);
+  pthread_setspecific(loop_key(), nullptr);
+}
+
+detail::LoopInternals::DriveGuard::DriveGuard(Loop& loop, const char* who) : loop_(loop) {
   if (loop.driving_) {
     std::string message = who;
     message += " called from inside a coroutine running on the same loop: it would deadlock; co_await instead";
@@ -90,40 +96,48 @@ Loop::DriveGuard::DriveGuard(Loop& loop, const char* who) : loop_(loop) {
   loop.driving_ = true;
 }
 
-void Loop::start(detail::Operation* op) {
-  backend_->start(op);
-  flush_if_idle();
-}
-
-void Loop::flush_if_idle() {
+void detail::LoopInternals::start(Loop& loop, Operation* op) {
+  loop.backend_->start(op);
   // Inside a turn the next wait submits everything in one system call; outside one (a host
   // program started work), the kernel must hear of it now.
-  if (!in_turn_) backend_->flush();
+  if (!loop.in_turn_) loop.backend_->flush();
 }
 
-std::size_t Loop::turn(bool block) {
-  in_turn_ = true;
+std::size_t detail::LoopInternals::turn(Loop& loop, bool block) {
+  loop.in_turn_ = true;
   std::size_t handled;
   try {
-    handled = backend_->reap(block);
+    handled = loop.backend_->reap(block);
   } catch (...) {
-    in_turn_ = false;
+    loop.in_turn_ = false;
     throw;
   }
-  in_turn_ = false;
+  loop.in_turn_ = false;
   return handled;
+}
+
+void detail::LoopInternals::drive_until(Loop& loop, const std::function<bool()>& done) {
+  while (!done()) {
+    if (outstanding(loop) == 0)
+      throw std::logic_error("forkpool: waiting for work that nothing in flight can complete (deadlock)");
+    turn(loop, true);
+  }
+}
+
+void detail::LoopInternals::finish(Loop& loop) {
+  while (loop.finishing_.active() > 0 && outstanding(loop) > 0) turn(loop, true);
 }
 
 int Loop::fd() const {
   if (!host_fd_) {
     UniqueFd set(epoll_create1(EPOLL_CLOEXEC));
     UniqueFd wake(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-    if (!set || !wake) throw_last_errno("forkpool: Loop::fd");
+    if (!set || !wake) detail::throw_last_errno("forkpool: Loop::fd");
     for (int watched : {backend_->pollable_fd(), wake.get()}) {
       epoll_event ev{};
       ev.events = EPOLLIN;
       ev.data.fd = watched;
-      if (epoll_ctl(set.get(), EPOLL_CTL_ADD, watched, &ev) < 0) throw_last_errno("forkpool: Loop::fd epoll_ctl");
+      if (epoll_ctl(set.get(), EPOLL_CTL_ADD, watched, &ev) < 0) detail::throw_last_errno("forkpool: Loop::fd epoll_ctl");
     }
     int wake_fd = wake.get();
     backend_->on_soft_completion = [this, wake_fd] {
@@ -138,49 +152,29 @@ int Loop::fd() const {
 }
 
 std::size_t Loop::run_ready() {
-  DriveGuard guard(*this, "forkpool::Loop::run_ready");
+  LoopInternals::DriveGuard guard(*this, "forkpool::Loop::run_ready");
   if (wake_fd_) {
     std::uint64_t count;
     [[maybe_unused]] ssize_t ignored = ::read(wake_fd_.get(), &count, sizeof count);
   }
-  std::size_t handled = turn(false);
+  std::size_t handled = LoopInternals::turn(*this, false);
   backend_->flush();
   return handled;
 }
 
-void Loop::finish_lingering() {
-  while (lingering_ > 0 && outstanding() > 0) turn(true);
-}
+Task<void> sleep_until(Clock::time_point when) { co_await wait_until(when); }
+Task<void> sleep_for(std::chrono::nanoseconds duration) { co_await wait_until(Clock::now() + duration); }
 
 }  // namespace forkpool
 
 namespace forkpool::detail {
 
-bool drive_loop_until(const std::function<bool()>& ready, std::optional<std::chrono::nanoseconds> timeout,
-                      const char* who) {
-  if (ready()) return true;
+void run_until_done(std::coroutine_handle<> task) {
   Loop& loop = Loop::current();
-  Loop::DriveGuard guard(loop, who);
-  if (!timeout) {
-    loop.drive_until(ready);
-    return true;
-  }
-  // A timer on the loop wakes the wait when the timeout passes.
-  bool timer_done = false;
-  Operation timer;
-  timer.kind = OpKind::timeout;
-  timer.context = &timer_done;
-  timer.on_complete = [](Operation* op, int) { *static_cast<bool*>(op->context) = true; };
-  auto deadline = std::chrono::steady_clock::now() + *timeout;
-  auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(deadline.time_since_epoch()).count();
-  timer.deadline = {ns / 1'000'000'000, ns % 1'000'000'000};
-  loop.start(&timer);
-  loop.drive_until([&] { return timer_done || ready(); });
-  if (!timer_done) {
-    loop.cancel(&timer);
-    loop.drive_until([&] { return timer_done; });  // the timer lives on this stack
-  }
-  return ready();
+  LoopInternals::DriveGuard guard(loop, "forkpool::run");
+  task.resume();
+  LoopInternals::drive_until(loop, [&] { return task.done(); });
+  LoopInternals::finish(loop);
 }
 
 }  // namespace forkpool::detail

@@ -1,4 +1,4 @@
-#include "runtime/process.hpp"
+#include <forkpool/runtime/internal/process.hpp>
 
 #include <dirent.h>
 #include <signal.h>
@@ -14,8 +14,8 @@
 #include <sstream>
 #include <vector>
 
-#include "runtime/error.hpp"
-#include "runtime/inherited_fds.hpp"
+#include <forkpool/runtime/internal/errno.hpp>
+#include <forkpool/runtime/internal/inherited_fds.hpp>
 
 #ifndef P_PIDFD
 #define P_PIDFD 3
@@ -77,18 +77,7 @@ void set_cmdline(const std::string& name) noexcept {
   memset(area + n, 0, size - n);
 }
 
-std::vector<int>& kept_registry() {
-  static std::vector<int> kept;
-  return kept;
-}
-
 }  // namespace
-
-void keep_in_helpers(int fd) {
-  auto& kept = kept_registry();
-  kept.insert(std::upper_bound(kept.begin(), kept.end(), fd), fd);
-}
-std::vector<int> kept_in_helpers() { return kept_registry(); }
 
 UniqueFd open_pidfd(pid_t pid) {
   int fd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));

@@ -8,6 +8,7 @@
 #include <optional>
 #include <type_traits>
 #include <utility>
+#include <variant>
 
 namespace forkpool {
 
@@ -15,6 +16,11 @@ template <class T = void>
 class Task;
 
 namespace detail {
+
+// A value type for T: void becomes std::monostate (a void task's slot in when_all, a void
+// call's result on the wire).
+template <class T>
+using NonVoid = std::conditional_t<std::is_void_v<T>, std::monostate, T>;
 
 class PromiseBase {
  public:
@@ -113,8 +119,6 @@ class [[nodiscard]] Task {
   ~Task() {
     if (handle_) handle_.destroy();
   }
-
-  bool valid() const noexcept { return static_cast<bool>(handle_); }
 
   auto operator co_await() && noexcept { return Awaiter{handle_}; }
   auto operator co_await() & noexcept { return Awaiter{handle_}; }

@@ -11,8 +11,9 @@
 #include <memory>
 #include <string>
 
-#include "runtime/backend.hpp"
-#include "runtime/error.hpp"
+#include <forkpool/runtime/internal/backend.hpp>
+#include <forkpool/runtime/error.hpp>
+#include <forkpool/runtime/internal/errno.hpp>
 
 namespace forkpool::detail {
 namespace {

@@ -11,14 +11,11 @@
 #include <variant>
 #include <vector>
 
-#include "runtime/task.hpp"
+#include <forkpool/runtime/task.hpp>
 
 namespace forkpool {
 namespace detail {
 
-// A void task's slot in a result tuple.
-template <class T>
-using WhenAllValue = std::conditional_t<std::is_void_v<T>, std::monostate, T>;
 
 struct WhenAllState {
   std::size_t remaining;
@@ -64,7 +61,7 @@ class WhenAllChild {
 };
 
 template <class T>
-WhenAllChild run_child(Task<T> task, std::optional<WhenAllValue<T>>& slot, WhenAllState& state) {
+WhenAllChild run_child(Task<T> task, std::optional<NonVoid<T>>& slot, WhenAllState& state) {
   try {
     if constexpr (std::is_void_v<T>) {
       co_await std::move(task);
@@ -94,9 +91,9 @@ struct WhenAllAwaiter {
 }  // namespace detail
 
 template <class... Ts>
-Task<std::tuple<detail::WhenAllValue<Ts>...>> when_all(Task<Ts>... tasks) {
+Task<std::tuple<detail::NonVoid<Ts>...>> when_all(Task<Ts>... tasks) {
   detail::WhenAllState state{};
-  std::tuple<std::optional<detail::WhenAllValue<Ts>>...> slots;
+  std::tuple<std::optional<detail::NonVoid<Ts>>...> slots;
   std::vector<detail::WhenAllChild> children;
   children.reserve(sizeof...(Ts));
   [&]<std::size_t... I>(std::index_sequence<I...>) {
@@ -104,19 +101,19 @@ Task<std::tuple<detail::WhenAllValue<Ts>...>> when_all(Task<Ts>... tasks) {
   }(std::index_sequence_for<Ts...>{});
   co_await detail::WhenAllAwaiter{children, state};
   if (state.first_error) std::rethrow_exception(state.first_error);
-  co_return std::apply([](auto&... slot) { return std::tuple<detail::WhenAllValue<Ts>...>(std::move(*slot)...); }, slots);
+  co_return std::apply([](auto&... slot) { return std::tuple<detail::NonVoid<Ts>...>(std::move(*slot)...); }, slots);
 }
 
 template <class T>
-Task<std::vector<detail::WhenAllValue<T>>> when_all(std::vector<Task<T>> tasks) {
+Task<std::vector<detail::NonVoid<T>>> when_all(std::vector<Task<T>> tasks) {
   detail::WhenAllState state{};
-  std::vector<std::optional<detail::WhenAllValue<T>>> slots(tasks.size());
+  std::vector<std::optional<detail::NonVoid<T>>> slots(tasks.size());
   std::vector<detail::WhenAllChild> children;
   children.reserve(tasks.size());
   for (std::size_t i = 0; i < tasks.size(); ++i) children.push_back(detail::run_child(std::move(tasks[i]), slots[i], state));
   co_await detail::WhenAllAwaiter{children, state};
   if (state.first_error) std::rethrow_exception(state.first_error);
-  std::vector<detail::WhenAllValue<T>> values;
+  std::vector<detail::NonVoid<T>> values;
   values.reserve(slots.size());
   for (auto& slot : slots) values.push_back(std::move(*slot));
   co_return values;

@@ -1,4 +1,4 @@
-#include "shm/dlpack.hpp"
+#include <forkpool/shm/dlpack.hpp>
 
 #include <memory>
 #include <stdexcept>

@@ -3,7 +3,7 @@
 
 #include <dlpack/dlpack.h>
 
-#include "shm/tensor.hpp"
+#include <forkpool/shm/tensor.hpp>
 
 namespace forkpool {
 

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-#include "ipc/codec.hpp"
+#include <forkpool/ipc/codec.hpp>
 
 namespace forkpool {
 

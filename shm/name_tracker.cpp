@@ -1,4 +1,4 @@
-#include "shm/name_tracker.hpp"
+#include <forkpool/shm/internal/name_tracker.hpp>
 
 #include <fcntl.h>
 #include <signal.h>
@@ -16,10 +16,11 @@
 #include <set>
 #include <string>
 
-#include "runtime/error.hpp"
-#include "runtime/inherited_fds.hpp"
-#include "runtime/process.hpp"
-#include "runtime/unique_fd.hpp"
+#include <forkpool/runtime/error.hpp>
+#include <forkpool/runtime/internal/inherited_fds.hpp>
+#include <forkpool/runtime/internal/process.hpp>
+#include <forkpool/runtime/internal/unique_fd.hpp>
+#include <forkpool/runtime/internal/errno.hpp>
 
 namespace forkpool::detail {
 namespace {
@@ -69,7 +70,7 @@ class TrackerState {
     auto now = std::chrono::steady_clock::now();
     for (auto it = doomed_.begin(); it != doomed_.end();) {
       if (it->second <= now) {
-        unlink(("/dev/shm/" + it->first).c_str());
+        unlink(segment_path(it->first).c_str());
         it = doomed_.erase(it);
       } else {
         ++it;
@@ -78,7 +79,7 @@ class TrackerState {
   }
 
   void unlink_all() {
-    for (const std::string& name : seen_) unlink(("/dev/shm/" + name).c_str());
+    for (const std::string& name : seen_) unlink(segment_path(name).c_str());
   }
 
   int poll_timeout_ms() const {

@@ -1,4 +1,4 @@
-#include "shm/sharing.hpp"
+#include <forkpool/shm/sharing.hpp>
 
 #include <atomic>
 

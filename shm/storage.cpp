@@ -1,4 +1,4 @@
-#include "shm/storage.hpp"
+#include <forkpool/shm/internal/storage.hpp>
 
 #include <fcntl.h>
 #include <pthread.h>
@@ -6,18 +6,18 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <absl/container/flat_hash_map.h>
 
 #include <atomic>
 #include <cstring>
 #include <mutex>
 #include <random>
+#include <unordered_map>
 #include <string>
 
-#include "ipc/memfd.hpp"
-#include "runtime/error.hpp"
-#include "shm/name_tracker.hpp"
-#include "shm/storage_loans.hpp"
+#include <forkpool/ipc/internal/memfd.hpp>
+#include <forkpool/runtime/error.hpp>
+#include <forkpool/shm/internal/name_tracker.hpp>
+#include <forkpool/runtime/internal/errno.hpp>
 
 namespace forkpool {
 namespace {
@@ -35,10 +35,9 @@ struct InodeKey {
   dev_t device;
   ino_t inode;
   bool operator==(const InodeKey&) const = default;
-  template <class H>
-  friend H AbslHashValue(H h, const InodeKey& k) {
-    return H::combine(std::move(h), k.device, k.inode);
-  }
+};
+struct InodeHash {
+  std::size_t operator()(const InodeKey& k) const noexcept { return std::hash<ino_t>()(k.inode) * 31 + k.device; }
 };
 
 // The storages this process maps, by inode: receiving one again reuses the mapping. Tensors
@@ -46,7 +45,7 @@ struct InodeKey {
 // taken.
 struct MappedStorages {
   std::mutex mutex;
-  absl::flat_hash_map<InodeKey, std::weak_ptr<Storage>> by_inode;
+  std::unordered_map<InodeKey, std::weak_ptr<Storage>, InodeHash> by_inode;
 
   MappedStorages() {
     pthread_atfork([] { instance().mutex.lock(); }, [] { instance().mutex.unlock(); },
@@ -91,13 +90,13 @@ std::shared_ptr<Storage> Storage::allocate(std::size_t bytes) {
     storage->kind_ = Kind::named;
     for (int attempt = 0; !storage->fd_; ++attempt) {
       storage->name_ = random_segment_name();
-      int fd = open(("/dev/shm/" + storage->name_).c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+      int fd = open(detail::segment_path(storage->name_).c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
       if (fd >= 0) storage->fd_.reset(fd);
-      else if (errno != EEXIST || attempt > 8) throw_last_errno("forkpool: creating a /dev/shm segment");
+      else if (errno != EEXIST || attempt > 8) detail::throw_last_errno("forkpool: creating a /dev/shm segment");
     }
     detail::track_segment_name(storage->name_);
     if (ftruncate(storage->fd_.get(), static_cast<off_t>(kSegmentDataOffset + bytes)) < 0)
-      throw_last_errno("forkpool: sizing a /dev/shm segment");
+      detail::throw_last_errno("forkpool: sizing a /dev/shm segment");
     storage->mapping_ = Mapping::map(storage->fd_.get(), kSegmentDataOffset + bytes, PROT_READ | PROT_WRITE);
     storage->data_ = storage->mapping_.data() + kSegmentDataOffset;
     storage->holders()->store(1);
@@ -137,7 +136,7 @@ std::shared_ptr<Storage> Storage::adopt_memfd(UniqueFd fd, std::size_t min_bytes
 std::shared_ptr<Storage> Storage::adopt_named(const std::string& name, std::size_t min_bytes) {
   if (name.rfind(kSegmentPrefix, 0) != 0 || name.find('/') != std::string::npos || name.size() > 200)
     throw ProtocolError("forkpool: \"" + name + "\" is not a forkpool segment name");
-  UniqueFd fd(open(("/dev/shm/" + name).c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW));
+  UniqueFd fd(open(detail::segment_path(name).c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW));
   if (!fd) throw ProtocolError("forkpool: cannot open segment " + name + ": " + strerror(errno));
   struct stat st = stat_of(fd.get(), "forkpool: segment");
   if (!S_ISREG(st.st_mode)) throw ProtocolError("forkpool: segment " + name + " is not a regular file");
@@ -162,8 +161,8 @@ std::shared_ptr<Storage> Storage::adopt_named(const std::string& name, std::size
 }
 
 Storage::~Storage() {
-  for (auto& weak : lent_to_)
-    if (auto loans = weak.lock()) loans->released(id_);
+  for (auto& weak : listeners_)
+    if (auto listener = weak.lock()) listener->storage_released(id_);
   if (cached_) {
     auto& cache = MappedStorages::instance();
     std::lock_guard lock(cache.mutex);
@@ -174,16 +173,16 @@ Storage::~Storage() {
     // The last holder anywhere: the name is no longer needed by any process. (Otherwise a
     // message may still carry it: this process stays registered, so that its death dooms the
     // name unless a receiver registers in time.)
-    unlink(("/dev/shm/" + name_).c_str());
+    unlink(detail::segment_path(name_).c_str());
     detail::untrack_segment_name(name_);
   }
   if (release_) release_();
 }
 
-void Storage::notify_on_release(const std::shared_ptr<PeerLoans>& loans) {
-  std::lock_guard lock(lent_mutex_);
-  std::erase_if(lent_to_, [](const auto& weak) { return weak.expired(); });
-  lent_to_.push_back(loans);
+void Storage::notify_on_release(const std::shared_ptr<StorageReleaseListener>& listener) {
+  std::lock_guard lock(listeners_mutex_);
+  std::erase_if(listeners_, [](const auto& weak) { return weak.expired(); });
+  listeners_.push_back(listener);
 }
 
 void Storage::add_message_reference() {

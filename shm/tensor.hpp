@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "shm/dtype.hpp"
-#include "shm/storage.hpp"
+#include <forkpool/shm/dtype.hpp>
+#include <forkpool/shm/internal/storage.hpp>
 
 namespace forkpool {
 

@@ -1,9 +1,9 @@
-#include "shm/tensor_codec.hpp"
+#include <forkpool/shm/tensor_codec.hpp>
 
 #include <string>
 
-#include "runtime/error.hpp"
-#include "shm/storage_loans.hpp"
+#include <forkpool/runtime/error.hpp>
+#include <forkpool/shm/internal/storage_conversation.hpp>
 
 namespace forkpool {
 namespace {
@@ -14,19 +14,14 @@ namespace {
 enum class StorageKind : std::uint8_t { none, memfd, named, lent, returned };
 constexpr std::size_t kMaxDims = 64;
 
-// A storage named by id: one this process borrowed for the message it decodes, or one it lent
-// in the message this one answers.
-std::shared_ptr<Storage> find_lent(Reader& r, StorageKind kind, std::uint64_t id, std::uint64_t min_size) {
-  std::shared_ptr<Storage> storage;
-  if (kind == StorageKind::lent) {
-    if (auto* borrowed = dynamic_cast<BorrowedStorages*>(r.context())) storage = borrowed->find(id);
-  } else if (auto* loan = dynamic_cast<MessageLoan*>(r.context())) {
-    storage = loan->find(id);
-  }
+// A storage named by id in this conversation.
+std::shared_ptr<Storage> find_referenced(Reader& r, detail::StorageReference ref, std::uint64_t min_size) {
+  auto* conversation = dynamic_cast<const detail::StorageConversation*>(r.context());
+  std::shared_ptr<Storage> storage = conversation ? conversation->resolve(ref) : nullptr;
   if (!storage)
-    r.fail("tensor names storage " + std::to_string(id) + ", which this conversation did not " +
-           (kind == StorageKind::lent ? "lend" : "lend in the message answered"));
-  if (storage->size() < min_size) r.fail("tensor storage " + std::to_string(id) + " is shorter than claimed");
+    r.fail("tensor names storage " + std::to_string(ref.id) + ", which this conversation did not " +
+           (ref.returned ? "lend in the message answered" : "lend"));
+  if (storage->size() < min_size) r.fail("tensor storage " + std::to_string(ref.id) + " is shorter than claimed");
   return storage;
 }
 
@@ -48,17 +43,10 @@ void codec<Tensor>::encode(Writer& w, const Tensor& tensor) {
     throw std::invalid_argument(
         "forkpool: this tensor's memory is not shared (it came from DLPack): call share_memory_() to copy it "
         "into shared memory once, then send it");
-  auto* loan = dynamic_cast<MessageLoan*>(w.context());
-  auto* borrowed = dynamic_cast<BorrowedStorages*>(w.context());
-  std::optional<std::uint64_t> returned_id = borrowed ? borrowed->lent_id_of(*storage) : std::nullopt;
-  if (returned_id) {
-    w.write(StorageKind::returned);
-    w.write(*returned_id);
-  } else if (loan && storage->strategy() == SharingStrategy::file_descriptor) {
-    // Only memfds are lent: the kernel frees them whoever dies. A borrower of a named segment
-    // would add to its count of holders, which a killed borrower never gives back.
-    w.write(StorageKind::lent);
-    w.write(loan->lend(storage));
+  auto* conversation = dynamic_cast<detail::StorageConversation*>(w.context());
+  if (auto ref = conversation ? conversation->reference(storage) : std::nullopt) {
+    w.write(ref->returned ? StorageKind::returned : StorageKind::lent);
+    w.write(ref->id);
   } else if (storage->strategy() == SharingStrategy::file_descriptor) {
     w.write(StorageKind::memfd);
     w.write(w.attach_fd(storage->fd(), storage));  // the message keeps the storage, no dup
@@ -101,7 +89,9 @@ Tensor codec<Tensor>::decode(Reader& r) {
   switch (kind) {
     case StorageKind::memfd: storage = Storage::adopt_memfd(r.take_fd(fd_index), storage_size); break;
     case StorageKind::named: storage = Storage::adopt_named(name, storage_size); break;
-    default: storage = find_lent(r, kind, lent_id, storage_size); break;
+    default:
+      storage = find_referenced(r, {lent_id, kind == StorageKind::returned}, storage_size);
+      break;
   }
   return Tensor::from_storage(std::move(storage), offset, std::move(shape), std::move(strides), dtype);
 }

@@ -3,8 +3,8 @@
 // its view (offset, shape, strides, dtype); its bytes are never serialized. The receiver
 // validates everything before it maps: a lying peer can never cause SIGBUS.
 
-#include "ipc/codec.hpp"
-#include "shm/tensor.hpp"
+#include <forkpool/ipc/codec.hpp>
+#include <forkpool/shm/tensor.hpp>
 
 namespace forkpool {
 

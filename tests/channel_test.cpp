@@ -11,11 +11,11 @@
 #include <string>
 #include <vector>
 
-#include "ipc/channel.hpp"
-#include "ipc/memfd.hpp"
-#include "runtime/loop.hpp"
-#include "runtime/when_all.hpp"
-#include "tests/support.hpp"
+#include <forkpool/ipc/internal/channel.hpp>
+#include <forkpool/ipc/internal/memfd.hpp>
+#include <forkpool/runtime/loop.hpp>
+#include <forkpool/runtime/when_all.hpp>
+#include "support.hpp"
 
 namespace forkpool {
 namespace {
@@ -138,13 +138,13 @@ TEST(Channel, AnOversizedDatagramIsAProtocolError) {
 
 TEST(Channel, ADescriptorCountMismatchIsAProtocolErrorAndClosesWhatArrived) {
   auto [a, b] = Channel::make_pair();
-  int before = testing::open_fd_count();
+  int before = test_support::open_fd_count();
   UniqueFd fd = pipe_read_end("x");
   FrameHeader h = header(2, 0);  // announces two, carries one
   send_raw(a.fd(), &h, sizeof h, {fd.get()});
   expect_protocol_error(b, "announces 2 descriptors, 1 arrived");
   fd.reset();
-  EXPECT_EQ(testing::open_fd_count(), before);
+  EXPECT_EQ(test_support::open_fd_count(), before);
 }
 
 TEST(Channel, AnUnsealedPayloadMemfdIsAProtocolError) {
@@ -252,7 +252,7 @@ TEST(Channel, AHundredThousandMessagesWithDescriptorsLeakNoDescriptor) {
   auto [a, b] = Channel::make_pair();
   UniqueFd memfd = create_memfd("shared", 4096);
   std::vector<int> fds{memfd.get()};
-  int before = testing::open_fd_count();
+  int before = test_support::open_fd_count();
   auto body = [&]() -> Task<void> {
     for (int i = 0; i < 100'000; ++i) {
       co_await a.async_send(1, i, {}, fds);
@@ -261,7 +261,7 @@ TEST(Channel, AHundredThousandMessagesWithDescriptorsLeakNoDescriptor) {
     }
   };
   run(body());
-  EXPECT_EQ(testing::open_fd_count(), before);
+  EXPECT_EQ(test_support::open_fd_count(), before);
 }
 
 }  // namespace
@@ -274,13 +274,13 @@ TEST(Channel, AnEmptyDatagramWithDescriptorsIsAProtocolErrorAndLeaksNothing) {
   // Found by the frame fuzzer: zero bytes read looked like end-of-file, and the descriptors
   // that came with them were never closed.
   auto [a, b] = Channel::make_pair();
-  int before = testing::open_fd_count();
+  int before = test_support::open_fd_count();
   {
     UniqueFd fd = pipe_read_end("x");
     send_raw(a.fd(), "", 0, {fd.get()});
   }
   expect_protocol_error(b, "shorter than a header");
-  EXPECT_EQ(testing::open_fd_count(), before);
+  EXPECT_EQ(test_support::open_fd_count(), before);
 }
 
 }  // namespace

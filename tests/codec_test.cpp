@@ -10,7 +10,7 @@
 #include <variant>
 #include <vector>
 
-#include "ipc/codec.hpp"
+#include <forkpool/ipc/codec.hpp>
 
 namespace forkpool {
 

@@ -1,4 +1,4 @@
-// Lent storages (shm/storage_loans.hpp): a tensor crosses to a worker with its descriptor once,
+// Lent storages (pool/internal/loans.hpp): a tensor crosses to a worker with its descriptor once,
 // stays mapped there while the parent holds it, and is dropped there once the parent lets go.
 
 #include <gtest/gtest.h>
@@ -13,17 +13,21 @@
 #include <thread>
 #include <vector>
 
-#include "ipc/channel.hpp"
-#include "runtime/pool.hpp"
-#include "runtime/process.hpp"
-#include "shm/sharing.hpp"
-#include "shm/storage_loans.hpp"
-#include "shm/tensor.hpp"
-#include "shm/tensor_codec.hpp"
-#include "tests/support.hpp"
+#include <forkpool/ipc/internal/channel.hpp>
+#include <forkpool/pool/pool.hpp>
+#include <forkpool/runtime/internal/process.hpp>
+#include <forkpool/shm/sharing.hpp>
+#include <forkpool/pool/internal/loans.hpp>
+#include <forkpool/shm/tensor.hpp>
+#include <forkpool/shm/tensor_codec.hpp>
+#include "support.hpp"
 
 namespace forkpool {
 namespace {
+
+using detail::PeerLoans;
+using detail::MessageLoan;
+using detail::BorrowedStorages;
 
 using namespace std::chrono_literals;
 

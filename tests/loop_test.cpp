@@ -16,12 +16,12 @@
 #include <string>
 #include <vector>
 
-#include "runtime/event.hpp"
-#include "runtime/io.hpp"
-#include "runtime/loop.hpp"
-#include "runtime/unique_fd.hpp"
-#include "runtime/when_all.hpp"
-#include "tests/support.hpp"
+#include <forkpool/runtime/internal/event.hpp>
+#include <forkpool/runtime/internal/io.hpp>
+#include <forkpool/runtime/loop.hpp>
+#include <forkpool/runtime/internal/unique_fd.hpp>
+#include <forkpool/runtime/when_all.hpp>
+#include "support.hpp"
 
 namespace forkpool {
 namespace {
@@ -174,7 +174,7 @@ TEST(Loop, AForkedChildRunsItsOwnLoop) {
   // The parent has a loop with a pending operation; the child must not touch it.
   Pipe p;
   run(sleep_for(1ms));
-  int status = testing::run_in_child([] {
+  int status = test_support::run_in_child([] {
     auto body = []() -> Task<int> {
       co_await sleep_for(2ms);
       co_return 5;

@@ -19,10 +19,10 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/io.hpp"
-#include "runtime/pool.hpp"
-#include "runtime/when_all.hpp"
-#include "tests/support.hpp"
+#include <forkpool/runtime/internal/io.hpp>
+#include <forkpool/pool/pool.hpp>
+#include <forkpool/runtime/when_all.hpp>
+#include "support.hpp"
 
 namespace forkpool {
 namespace {
@@ -154,8 +154,11 @@ TEST_P(PoolTest, AnExceptionInATaskIsARemoteErrorWithTypeMessageAndPid) {
     FAIL() << "no exception";
   } catch (const RemoteError& e) {
     EXPECT_EQ(e.type_name(), "std::invalid_argument");
-    EXPECT_STREQ(e.what(), "seven is not allowed");
+    EXPECT_EQ(e.message(), "seven is not allowed");
     EXPECT_NE(std::find(pids.begin(), pids.end(), e.worker_pid()), pids.end());
+    // what() says all three, as spawn's exceptions do.
+    EXPECT_EQ(std::string(e.what()), "forkpool: worker " + std::to_string(e.worker_pid()) +
+                                         " raised std::invalid_argument: seven is not allowed");
   }
   // The worker that threw goes on serving.
   EXPECT_EQ(pool.apply_async(fail_on_seven, 5).get(), 5);
@@ -207,7 +210,7 @@ TEST_P(PoolTest, TerminateWhileBusyFailsPendingWorkWithPoolTerminated) {
   for (auto& r : results) EXPECT_THROW(r.get(), PoolTerminated);
   run(pool.join());
   EXPECT_LT(std::chrono::steady_clock::now() - started, 1s);
-  for (pid_t pid : pids) EXPECT_FALSE(testing::process_alive(pid)) << "worker " << pid << " still runs";
+  for (pid_t pid : pids) EXPECT_FALSE(test_support::process_alive(pid)) << "worker " << pid << " still runs";
   EXPECT_THROW(pool.apply_async(square, 1), PoolClosed);
 }
 
@@ -379,8 +382,8 @@ TEST_P(PoolTest, WorkersDieWithTheirParent) {
   waitpid(parent, nullptr, 0);
   auto deadline = std::chrono::steady_clock::now() + 1s;
   for (pid_t w : workers) {
-    while (testing::process_alive(w) && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
-    EXPECT_FALSE(testing::process_alive(w)) << "worker " << w << " outlived its parent";
+    while (test_support::process_alive(w) && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
+    EXPECT_FALSE(test_support::process_alive(w)) << "worker " << w << " outlived its parent";
   }
 }
 
@@ -401,12 +404,12 @@ TEST_P(PoolTest, AHundredThousandTasksLeaveDescriptorsAndMemoryFlat) {
     run(body());
   };
   batch(10'000);  // warm up allocator and caches
-  int fds_before = testing::open_fd_count();
-  long rss_before = testing::rss_kib();
+  int fds_before = test_support::open_fd_count();
+  long rss_before = test_support::rss_kib();
   batch(100'000);
-  EXPECT_EQ(testing::open_fd_count(), fds_before);
+  EXPECT_EQ(test_support::open_fd_count(), fds_before);
 #if !defined(__SANITIZE_ADDRESS__)  // ASan's quarantine keeps freed memory resident on purpose
-  EXPECT_LT(testing::rss_kib() - rss_before, 8 * 1024) << "RSS grew by more than 8 MiB";
+  EXPECT_LT(test_support::rss_kib() - rss_before, 8 * 1024) << "RSS grew by more than 8 MiB";
 #else
   (void)rss_before;
 #endif
@@ -428,7 +431,7 @@ TEST_P(PoolTest, DestroyingABusyPoolReapsEveryWorker) {
     pool.apply_async(sleep_ms, 5000);
     pids = pool.worker_pids();
   }
-  for (pid_t pid : pids) EXPECT_FALSE(testing::process_alive(pid));
+  for (pid_t pid : pids) EXPECT_FALSE(test_support::process_alive(pid));
 }
 
 INSTANTIATE_TEST_SUITE_P(StartMethods, PoolTest, ::testing::Values(StartMethod::fork, StartMethod::forkserver),

@@ -10,9 +10,9 @@
 #include <stdexcept>
 #include <thread>
 
-#include "runtime/error.hpp"
-#include "runtime/spawn.hpp"
-#include "tests/support.hpp"
+#include <forkpool/runtime/error.hpp>
+#include <forkpool/pool/spawn.hpp>
+#include "support.hpp"
 
 namespace forkpool {
 namespace {
@@ -53,7 +53,7 @@ TEST(Spawn, AFailingRankRaisesProcessRaisedExceptionAndStopsTheOthers) {
     EXPECT_NE(std::string(e.what()).find("bad rank"), std::string::npos);
   }
   EXPECT_LT(std::chrono::steady_clock::now() - started, 5s);
-  for (pid_t pid : pids) EXPECT_FALSE(testing::process_alive(pid));
+  for (pid_t pid : pids) EXPECT_FALSE(test_support::process_alive(pid));
 }
 
 TEST(Spawn, AKilledRankRaisesProcessExitedExceptionWithTheSignalName) {

@@ -1,4 +1,4 @@
-#include "tests/support.hpp"
+#include "support.hpp"
 
 #include <dirent.h>
 #include <sys/wait.h>
@@ -8,7 +8,7 @@
 #include <fstream>
 #include <string>
 
-namespace forkpool::testing {
+namespace forkpool::test_support {
 
 int open_fd_count() {
   DIR* dir = opendir("/proc/self/fd");
@@ -54,4 +54,4 @@ int run_in_child(const std::function<void()>& body) {
   return status;
 }
 
-}  // namespace forkpool::testing
+}  // namespace forkpool::test_support

@@ -5,7 +5,7 @@
 
 #include <functional>
 
-namespace forkpool::testing {
+namespace forkpool::test_support {
 
 // How many descriptors this process has open (counted in /proc/self/fd).
 int open_fd_count();
@@ -21,4 +21,4 @@ bool process_alive(pid_t pid);
 // exits 0 if `body` returns normally, 1 if it throws.
 int run_in_child(const std::function<void()>& body);
 
-}  // namespace forkpool::testing
+}  // namespace forkpool::test_support

@@ -6,10 +6,10 @@
 #include <string>
 #include <vector>
 
-#include "runtime/io.hpp"
-#include "runtime/loop.hpp"
-#include "runtime/task.hpp"
-#include "runtime/when_all.hpp"
+#include <forkpool/runtime/internal/io.hpp>
+#include <forkpool/runtime/loop.hpp>
+#include <forkpool/runtime/task.hpp>
+#include <forkpool/runtime/when_all.hpp>
 
 namespace forkpool {
 namespace {

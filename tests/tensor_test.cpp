@@ -17,14 +17,14 @@
 #include <thread>
 #include <vector>
 
-#include "ipc/channel.hpp"
-#include "ipc/memfd.hpp"
-#include "runtime/pool.hpp"
-#include "shm/dlpack.hpp"
-#include "shm/sharing.hpp"
-#include "shm/tensor.hpp"
-#include "shm/tensor_codec.hpp"
-#include "tests/support.hpp"
+#include <forkpool/ipc/internal/channel.hpp>
+#include <forkpool/ipc/internal/memfd.hpp>
+#include <forkpool/pool/pool.hpp>
+#include <forkpool/shm/dlpack.hpp>
+#include <forkpool/shm/sharing.hpp>
+#include <forkpool/shm/tensor.hpp>
+#include <forkpool/shm/tensor_codec.hpp>
+#include "support.hpp"
 
 namespace forkpool {
 namespace {
@@ -171,7 +171,7 @@ TEST_P(SharingStrategies, ATensorMadeInAWorkerOutlivesTheWorker) {
   auto pids = pool.worker_pids();
   pool.close();
   run(pool.join());
-  for (pid_t pid : pids) EXPECT_FALSE(testing::process_alive(pid));
+  for (pid_t pid : pids) EXPECT_FALSE(test_support::process_alive(pid));
   ASSERT_EQ(t.numel(), 1000);
   EXPECT_EQ(t.data<std::int32_t>()[999], 999 * 3);
 }
@@ -255,7 +255,7 @@ TEST(Tensor, ASegmentNameThatIsNotForkpoolsIsAProtocolError) {
 }
 
 TEST(Tensor, AHundredThousandReceivedTensorsNeverExhaustDescriptors) {
-  int status = testing::run_in_child([] {
+  int status = test_support::run_in_child([] {
     rlimit limit{256, 256};
     if (setrlimit(RLIMIT_NOFILE, &limit) != 0) throw std::runtime_error("setrlimit");
     auto [receiver, sender] = Channel::make_pair();
@@ -397,10 +397,10 @@ namespace forkpool {
 namespace {
 
 TEST(Tensor, AFullDescriptorTableIsAProtocolErrorAndThePoolRecovers) {
-  int status = testing::run_in_child([] {
+  int status = test_support::run_in_child([] {
     Pool pool({.processes = 1, .start_method = StartMethod::fork});
     pool.apply_async(make_in_worker, 4).get();  // warm: every descriptor the pool needs is open
-    rlimit limit{static_cast<rlim_t>(testing::open_fd_count() + 16), 1024};
+    rlimit limit{static_cast<rlim_t>(test_support::open_fd_count() + 16), 1024};
     if (setrlimit(RLIMIT_NOFILE, &limit) != 0) throw std::runtime_error("setrlimit");
     std::vector<Tensor> held;  // each keeps its storage's descriptor open
     bool refused = false;

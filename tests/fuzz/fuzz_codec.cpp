@@ -11,9 +11,9 @@
 #include <variant>
 #include <vector>
 
-#include "ipc/codec.hpp"
-#include "shm/storage_loans.hpp"
-#include "shm/tensor_codec.hpp"
+#include <forkpool/ipc/codec.hpp>
+#include <forkpool/pool/internal/loans.hpp>
+#include <forkpool/shm/tensor_codec.hpp>
 
 namespace fp = forkpool;
 

@@ -8,8 +8,8 @@
 #include <cstring>
 #include <vector>
 
-#include "ipc/channel.hpp"
-#include "ipc/memfd.hpp"
+#include <forkpool/ipc/internal/channel.hpp>
+#include <forkpool/ipc/internal/memfd.hpp>
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   static auto channels = forkpool::Channel::make_pair();

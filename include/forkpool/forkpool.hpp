@@ -1,0 +1,17 @@
+#pragma once
+// forkpool: the one header a program includes. It re-exports what the API lists, nothing else.
+
+#include <forkpool/ipc/codec.hpp>
+#include <forkpool/pool/pool.hpp>
+#include <forkpool/pool/spawn.hpp>
+#include <forkpool/pool/stream.hpp>
+#include <forkpool/runtime/async_result.hpp>
+#include <forkpool/runtime/error.hpp>
+#include <forkpool/runtime/loop.hpp>
+#include <forkpool/runtime/scope.hpp>
+#include <forkpool/runtime/task.hpp>
+#include <forkpool/runtime/when_all.hpp>
+#include <forkpool/shm/dlpack.hpp>
+#include <forkpool/shm/sharing.hpp>
+#include <forkpool/shm/tensor.hpp>
+#include <forkpool/shm/tensor_codec.hpp>

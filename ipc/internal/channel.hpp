@@ -1,0 +1,52 @@
+#pragma once
+// Channel: one end of an AF_UNIX SOCK_SEQPACKET socketpair carrying frames. The parent side
+// sends and receives on the event loop; a worker may use the blocking calls.
+
+#include <cstdint>
+#include <span>
+
+#include <forkpool/ipc/internal/frame.hpp>
+#include <forkpool/runtime/internal/io.hpp>
+#include <forkpool/runtime/task.hpp>
+#include <forkpool/runtime/internal/unique_fd.hpp>
+
+namespace forkpool {
+
+class Channel {
+ public:
+  explicit Channel(UniqueFd fd) : fd_(std::move(fd)) {}
+
+  // Two connected ends, close-on-exec.
+  static std::pair<Channel, Channel> make_pair();
+
+  int fd() const noexcept { return fd_.get(); }
+  UniqueFd release() noexcept { return UniqueFd(fd_.release()); }
+
+  // Blocking. Throw ChannelClosed when the peer is gone, ProtocolError on a malformed frame.
+  void send(std::uint16_t kind, std::uint64_t request_id, std::span<const std::byte> payload,
+            std::span<const int> fds = {});
+  Message receive();
+  // Never blocks: false when the socket's buffer is full. Throws like send().
+  bool try_send(std::uint16_t kind, std::uint64_t request_id, std::span<const std::byte> payload,
+                std::span<const int> fds = {});
+
+  // On the calling thread's loop. An operation that is stopped or passes its deadline throws
+  // std::system_error (ECANCELED or ETIMEDOUT).
+  Task<void> async_send(std::uint16_t kind, std::uint64_t request_id, std::span<const std::byte> payload,
+                        std::span<const int> fds = {}, IoOptions options = {});
+  Task<Message> async_receive(IoOptions options = {});
+
+  // Stops one direction (shutdown(2)): the peer's receive sees end-of-file.
+  void shutdown_write() noexcept;
+  void shutdown_read() noexcept;
+
+ private:
+  FrameReceiver& receiver();
+
+  UniqueFd fd_;
+  // Heap-allocated on first receive: the buffers are large, the Channel moves, and a Channel
+  // that only sends never needs them.
+  std::unique_ptr<FrameReceiver> receiver_;
+};
+
+}  // namespace forkpool

@@ -1,0 +1,125 @@
+#pragma once
+// Frames: one message is one SOCK_SEQPACKET datagram, a fixed header + payload + descriptors
+// sent with SCM_RIGHTS, so framing can never desynchronise. A payload above kInlinePayloadMax
+// travels in a sealed memfd attached as the first descriptor instead of through the socket.
+
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include <forkpool/ipc/codec.hpp>
+#include <forkpool/ipc/internal/mapping.hpp>
+#include <forkpool/runtime/internal/unique_fd.hpp>
+
+namespace forkpool {
+
+// The peer of a channel is gone (EOF, ECONNRESET, EPIPE): distinct from a malformed message.
+class ChannelClosed : public Error {
+ public:
+  using Error::Error;
+  // True for the errno values that mean the peer is gone.
+  static bool is_peer_gone(int error) noexcept;
+  [[noreturn]] static void throw_peer_gone(int error);
+};
+
+// Most descriptors one message may carry (the kernel's SCM_MAX_FD is 253).
+inline constexpr std::size_t kMaxMessageFds = 250;
+// Largest payload sent inline; larger ones go through a sealed memfd (bench/ipc_bench measures
+// the crossover).
+inline constexpr std::size_t kInlinePayloadMax = 64 * 1024;
+// Largest payload a receiver accepts at all.
+inline constexpr std::uint64_t kMaxPayload = std::uint64_t{1} << 40;
+
+struct FrameHeader {
+  std::uint32_t magic;
+  std::uint16_t kind;
+  std::uint16_t fd_count;      // descriptors attached, the payload memfd included
+  std::uint32_t flags;
+  std::uint32_t reserved;
+  std::uint64_t payload_size;
+  std::uint64_t request_id;
+};
+static_assert(sizeof(FrameHeader) == 32);
+
+inline constexpr std::uint32_t kFrameMagic = 0x4c504b46;  // "FKPL"
+inline constexpr std::uint32_t kPayloadInMemfd = 1;
+
+// The bytes of a received payload: inline (copied out of the socket) or a read-only mapping
+// of the sender's sealed memfd.
+class Payload {
+ public:
+  Payload() = default;
+  explicit Payload(std::vector<std::byte> bytes) : inline_(std::move(bytes)) {}
+  explicit Payload(Mapping mapping, std::size_t size) : mapped_(std::move(mapping)), mapped_size_(size) {}
+  std::span<const std::byte> bytes() const noexcept {
+    return mapped_.data() ? std::span<const std::byte>(mapped_.data(), mapped_size_) : std::span<const std::byte>(inline_);
+  }
+
+ private:
+  std::vector<std::byte> inline_;
+  Mapping mapped_;
+  std::size_t mapped_size_ = 0;
+};
+
+struct Message {
+  std::uint16_t kind = 0;
+  std::uint64_t request_id = 0;
+  Payload payload;
+  std::vector<UniqueFd> fds;  // the payload memfd, if any, is not among them
+
+  Reader reader() { return Reader(payload.bytes(), fds); }
+};
+
+// A frame ready for sendmsg(); owns everything the kernel reads until the send completes, so
+// it must not move once built.
+class OutgoingFrame {
+ public:
+  // Payloads above `inline_max` bytes (at most kInlinePayloadMax) travel in a sealed memfd;
+  // bench/ipc_bench lowers it to measure the crossover.
+  OutgoingFrame(std::uint16_t kind, std::uint64_t request_id, std::span<const std::byte> payload,
+                std::span<const int> fds, std::size_t inline_max = kInlinePayloadMax);
+  OutgoingFrame(const OutgoingFrame&) = delete;
+  OutgoingFrame& operator=(const OutgoingFrame&) = delete;
+
+  const msghdr* message() const noexcept { return &msg_; }
+  std::size_t size() const noexcept { return sizeof(FrameHeader) + iov_[1].iov_len; }
+
+ private:
+  FrameHeader header_{};
+  UniqueFd payload_memfd_;
+  std::array<iovec, 2> iov_{};
+  std::vector<std::byte> control_;
+  msghdr msg_{};
+};
+
+// The numbers of owned descriptors, to attach them to a frame.
+std::vector<int> raw_fds(std::span<const UniqueFd> fds);
+
+// Receives frames: owns the buffers recvmsg() fills and turns what arrived into a Message,
+// validating everything. Descriptors are owned from the moment they arrive, so every error
+// path closes them.
+class FrameReceiver {
+ public:
+  FrameReceiver();
+  FrameReceiver(const FrameReceiver&) = delete;
+  FrameReceiver& operator=(const FrameReceiver&) = delete;
+
+  // The msghdr for the next recvmsg() (use MSG_CMSG_CLOEXEC).
+  msghdr* prepare();
+  // Turns recvmsg()'s result (bytes, or -errno) into a Message. Throws ChannelClosed when the
+  // peer is gone, ProtocolError when what arrived is malformed.
+  Message finish(long result);
+
+ private:
+  std::vector<std::byte> buffer_;
+  std::vector<std::byte> control_;
+  iovec iov_{};
+  msghdr msg_{};
+};
+
+}  // namespace forkpool

@@ -1,0 +1,49 @@
+#pragma once
+// PoolCore: the untyped heart of a Pool. It owns the workers and a queue of jobs, hands each
+// finished chunk to the JobSink that asked for it, notices a worker's death at once, fails or
+// retries that worker's jobs and replaces it. Pool (pool.hpp) is its typed front.
+
+#include <sys/types.h>
+
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include <forkpool/pool/internal/job.hpp>
+#include <forkpool/pool/pool_options.hpp>
+#include <forkpool/runtime/task.hpp>
+
+namespace forkpool::detail {
+
+class PoolCore {
+ public:
+  // Starts the workers (and, for forkserver, the fork server). Nothing is left behind if it throws.
+  static std::shared_ptr<PoolCore> create(PoolOptions options);
+  virtual ~PoolCore() = default;
+
+  // Queues a job. Throws PoolClosed after close() or terminate().
+  virtual void submit(std::shared_ptr<Job> job) = 0;
+  virtual void close() = 0;
+  virtual void terminate() = 0;
+  virtual Task<void> join() = 0;  // std::logic_error unless close() or terminate() came first
+  virtual int processes() const noexcept = 0;
+  virtual std::vector<pid_t> worker_pids() const = 0;
+  // For ~Pool: terminate(), and have the workers reaped before the loop's run() returns (now,
+  // when the loop is not being driven).
+  virtual void shut_down() = 0;
+
+  // A Pool belongs to the thread (and process) that made it: std::logic_error naming the rule
+  // and `who` otherwise.
+  void check_owner(const char* who) const;
+  // False in a forked child of the process that made the pool.
+  bool in_owner_process() const noexcept;
+
+ protected:
+  PoolCore();
+
+ private:
+  std::thread::id owner_thread_;
+  pid_t owner_pid_;
+};
+
+}  // namespace forkpool::detail

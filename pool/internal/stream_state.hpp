@@ -1,0 +1,123 @@
+#pragma once
+// StreamState: the chunks of one imap or imap_unordered, submitted lazily with a bounded number
+// in flight, and handed out in input order or as they finish.
+
+#include <coroutine>
+#include <cstddef>
+#include <deque>
+#include <exception>
+#include <map>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include <forkpool/pool/internal/job.hpp>
+#include <forkpool/pool/internal/task_message.hpp>
+#include <forkpool/runtime/task.hpp>
+
+namespace forkpool::detail {
+
+template <class R>
+class StreamState : public JobSink {
+ public:
+  StreamState(bool ordered, std::size_t window) : ordered_(ordered), window_(window) {}
+
+  static Task<std::optional<R>> next(std::shared_ptr<StreamState> self) {
+    for (;;) {
+      if (self->position_ < self->current_.size()) co_return std::move(self->current_[self->position_++]);
+      self->fill_window();
+      if (std::optional<Outcome> outcome = self->take_ready()) {
+        --self->in_flight_;
+        self->current_.clear();
+        self->position_ = 0;
+        if (outcome->error) std::rethrow_exception(outcome->error);
+        self->current_ = std::move(outcome->values);
+        continue;
+      }
+      if (self->in_flight_ == 0 && self->exhausted_) co_return std::nullopt;
+      co_await ChunkArrival{self.get()};
+    }
+  }
+
+  void chunk_done(std::size_t chunk, Reader& results) override {
+    std::size_t expected = chunk_sizes_.at(chunk);
+    expect_result_count(results, expected);
+    Outcome outcome;
+    outcome.values.reserve(expected);
+    for (std::size_t i = 0; i < expected; ++i) outcome.values.push_back(results.read<R>());
+    results.expect_end();
+    arrive(chunk, std::move(outcome));
+  }
+
+  void chunk_failed(std::size_t chunk, std::exception_ptr error) override {
+    Outcome outcome;
+    outcome.error = std::move(error);
+    arrive(chunk, std::move(outcome));
+  }
+
+ protected:
+  // Encodes and submits chunk `index` of the input, recording its size with record_chunk_size();
+  // false when the input is exhausted.
+  virtual bool submit_chunk(std::size_t index) = 0;
+  void record_chunk_size(std::size_t index, std::size_t size) { chunk_sizes_[index] = size; }
+
+ private:
+  struct Outcome {
+    std::vector<R> values;
+    std::exception_ptr error;
+  };
+
+  struct ChunkArrival {
+    StreamState* state;
+    bool await_ready() const noexcept { return false; }
+    void await_suspend(std::coroutine_handle<> h) noexcept { state->waiter_ = h; }
+    void await_resume() const noexcept {}
+  };
+
+  void fill_window() {
+    while (!exhausted_ && in_flight_ < window_) {
+      if (submit_chunk(next_chunk_)) {
+        ++next_chunk_;
+        ++in_flight_;
+      } else {
+        exhausted_ = true;
+      }
+    }
+  }
+
+  std::optional<Outcome> take_ready() {
+    std::size_t chunk;
+    if (ordered_) {
+      if (!arrived_.contains(next_to_yield_)) return std::nullopt;
+      chunk = next_to_yield_++;
+    } else {
+      if (arrival_order_.empty()) return std::nullopt;
+      chunk = arrival_order_.front();
+      arrival_order_.pop_front();
+    }
+    auto node = arrived_.extract(chunk);
+    chunk_sizes_.erase(chunk);
+    return std::move(node.mapped());
+  }
+
+  void arrive(std::size_t chunk, Outcome outcome) {
+    arrived_.emplace(chunk, std::move(outcome));
+    if (!ordered_) arrival_order_.push_back(chunk);
+    if (auto waiter = std::exchange(waiter_, {})) waiter.resume();
+  }
+
+  bool ordered_;
+  std::size_t window_;
+  std::size_t next_chunk_ = 0;     // next chunk of input to submit
+  std::size_t next_to_yield_ = 0;  // ordered: next chunk to hand out
+  std::size_t in_flight_ = 0;      // submitted and not yet handed out
+  bool exhausted_ = false;
+  std::map<std::size_t, std::size_t> chunk_sizes_;
+  std::map<std::size_t, Outcome> arrived_;
+  std::deque<std::size_t> arrival_order_;
+  std::vector<R> current_;
+  std::size_t position_ = 0;
+  std::coroutine_handle<> waiter_;
+};
+
+}  // namespace forkpool::detail

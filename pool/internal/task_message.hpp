@@ -1,0 +1,181 @@
+#pragma once
+// The pool's protocol between the parent and a worker. Each message is one ipc frame (kind,
+// request id, payload, descriptors):
+//
+//   task    (parent -> worker): encode_task() writes it, read_task() reads it.
+//     payload      [u64 invoker address][u64 function address]
+//                  [the chunk's elements, each codec-encoded]
+//                  [u64 element count][u64 lent storage id]...[u32 number of lent ids]
+//     descriptors  first the memfds of the lent storages the worker does not hold yet, in the
+//                  order of their ids above (task_descriptors()); then what the elements attached,
+//                  which they name by index among these
+//   result  (worker -> parent): [u64 count of results, the chunk's size][results...]
+//   error   (worker -> parent): [type name][message] of what the task threw
+//   release (parent -> worker): [ids of lent storages the parent released]
+//
+// Lent storages are loans.hpp's: the worker keeps them mapped until the parent releases them.
+// Function addresses are valid in the worker because it is a fork of the parent's image.
+
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <iterator>
+#include <span>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <forkpool/ipc/codec.hpp>
+#include <forkpool/pool/internal/job.hpp>
+#include <forkpool/runtime/task.hpp>
+
+namespace forkpool {
+struct Message;
+}
+
+namespace forkpool::detail {
+
+class BorrowedStorages;
+
+enum MessageKind : std::uint16_t { kTaskMessage = 1, kResultMessage = 2, kErrorMessage = 3, kReleaseMessage = 4 };
+
+// Decodes `count` elements from `in`, calls the function on each, encodes the results to `out`.
+using Invoker = void (*)(std::uintptr_t function, std::size_t count, Reader& in, Writer& out);
+
+// What a task may be: a function pointer, or a lambda without captures (an empty,
+// default-constructible class).
+template <class F>
+inline constexpr bool is_sendable_function_v =
+    (std::is_pointer_v<F> && std::is_function_v<std::remove_pointer_t<F>>) ||
+    (std::is_class_v<F> && std::is_empty_v<F> && std::is_default_constructible_v<F>);
+
+template <class F>
+void check_sendable() {
+  static_assert(is_sendable_function_v<F>,
+                "forkpool: a task must be a function pointer or a lambda without captures; a lambda with "
+                "captures cannot cross into a worker process: pass the data as arguments instead");
+}
+
+template <class F>
+std::uintptr_t function_bits(F f) {
+  if constexpr (std::is_pointer_v<F>) {
+    return reinterpret_cast<std::uintptr_t>(f);
+  } else {
+    return 0;  // a captureless lambda is rebuilt from its type
+  }
+}
+
+template <class F>
+F rebuild_function(std::uintptr_t bits) {
+  if constexpr (std::is_pointer_v<F>) {
+    return reinterpret_cast<F>(bits);
+  } else {
+    return F{};
+  }
+}
+
+template <class F, class Element, bool Spread>
+struct CallResultOf {
+  using type = std::invoke_result_t<F&, Element>;
+};
+template <class F, class Element>
+struct CallResultOf<F, Element, true> {
+  using type = decltype(std::apply(std::declval<F&>(), std::declval<Element>()));
+};
+
+// Each element of a chunk is one call. Spread: the element is a tuple of arguments; otherwise
+// it is the single argument.
+template <class F, class Element, bool Spread>
+struct Call {
+  using Result = typename CallResultOf<F, Element, Spread>::type;
+
+  static void invoke(std::uintptr_t bits, std::size_t count, Reader& in, Writer& out) {
+    F f = rebuild_function<F>(bits);
+    in.check_count(count, min_encoded_size<Element>(), "chunk");
+    out.write_size(count);
+    if constexpr (!Spread && Bitwise<Element> && Bitwise<Result>) {
+      // Plain numbers in, plain numbers out: read them in place, write results straight out.
+      std::span<const std::byte> arguments = in.read_span(count * sizeof(Element));
+      ByteBuffer& buffer = out.buffer();
+      std::size_t at = buffer.size();
+      buffer.resize(at + count * sizeof(Result));
+      for (std::size_t i = 0; i < count; ++i) {
+        Element argument;
+        std::memcpy(&argument, arguments.data() + i * sizeof(Element), sizeof argument);
+        Result result = std::invoke(f, argument);
+        std::memcpy(buffer.data() + at + i * sizeof(Result), &result, sizeof result);
+      }
+      in.expect_end();
+      return;
+    }
+    for (std::size_t i = 0; i < count; ++i) {
+      Element element = in.read<Element>();
+      if constexpr (std::is_void_v<Result>) {
+        call(f, std::move(element));
+      } else {
+        out.write(call(f, std::move(element)));
+      }
+    }
+    in.expect_end();
+  }
+
+  static decltype(auto) call(F& f, Element&& element) {
+    if constexpr (Spread) {
+      return std::apply(f, std::move(element));
+    } else {
+      return std::invoke(f, std::move(element));
+    }
+  }
+};
+
+// The result type of calling F on one element (Spread: the element's tuple as arguments).
+template <class F, class Element, bool Spread>
+using CallResult = typename Call<F, Element, Spread>::Result;
+
+// Writes the trailer of a task message: the element count and the ids the message lends.
+void write_task_trailer(Writer& w, std::size_t count, const MessageLoan& loan);
+
+// Encodes up to `limit` elements from [it, end) as one task message into `job` (payload, loan,
+// attachments); returns how many it took.
+template <class F, class Element, bool Spread, class It, class End>
+std::size_t encode_task(Job& job, F f, It& it, const End& end, std::size_t limit) {
+  Writer w(&job.loan);  // tensors lend their storages to the job
+  w.write(static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(&Call<F, Element, Spread>::invoke)));
+  w.write(static_cast<std::uint64_t>(function_bits(f)));
+  std::size_t count = 0;
+  if constexpr (Bitwise<Element> && std::contiguous_iterator<It> && std::sized_sentinel_for<End, It> &&
+                std::is_same_v<std::iter_value_t<It>, Element>) {
+    // Plain numbers in contiguous memory: one copy for the whole chunk.
+    count = std::min<std::size_t>(limit, static_cast<std::size_t>(end - it));
+    w.write_bytes(std::to_address(it), count * sizeof(Element));
+    it += static_cast<std::iter_difference_t<It>>(count);
+  } else {
+    for (; count < limit && it != end; ++count, ++it) w.write(static_cast<Element>(*it));
+  }
+  write_task_trailer(w, count, job.loan);
+  job.payload = std::move(w.buffer());
+  job.attachments = std::move(w.attachments());
+  return count;
+}
+
+// The descriptors a task message carries: those of the lent storages new to the worker, then
+// the job's own attachments.
+std::vector<int> task_descriptors(std::span<const int> new_lent_fds, const Attachments& attachments);
+
+// A task message as the worker runs it.
+struct TaskCall {
+  Invoker invoker;
+  std::uintptr_t function;
+  std::size_t count;
+  Reader arguments;  // the elements, with the message's attachments and `borrowed` as context
+};
+// Reads `task`: maps the storages it lends that are new here (into `borrowed`) and returns the
+// call. Throws ProtocolError when the message is malformed.
+TaskCall read_task(Message& task, BorrowedStorages& borrowed);
+
+// A result message starts with its number of results, which must be the chunk's size.
+void expect_result_count(Reader& results, std::size_t expected);
+
+}  // namespace forkpool::detail

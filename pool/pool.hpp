@@ -1,0 +1,250 @@
+#pragma once
+// Pool: Python's multiprocessing.Pool for C++ coroutines. Tasks run on forked worker
+// processes; arguments and results cross through codec<T> (tensors as shared memory).
+// `F` is a function pointer or a lambda without captures.
+//
+// A Pool belongs to the thread that made it: every call from another thread (or from a forked
+// child) throws std::logic_error at once. Work starts at the call. Awaiting a result or a stream
+// resumes the awaiting coroutine inside the loop's turn that received the worker's reply.
+
+#include <sys/types.h>
+
+#include <algorithm>
+#include <iterator>
+#include <memory>
+#include <optional>
+#include <ranges>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include <forkpool/pool/internal/pool_core.hpp>
+#include <forkpool/pool/internal/task_message.hpp>
+#include <forkpool/pool/pool_options.hpp>
+#include <forkpool/pool/stream.hpp>
+#include <forkpool/runtime/async_result.hpp>
+#include <forkpool/runtime/task.hpp>
+
+namespace forkpool {
+namespace detail {
+
+// Encodes up to `limit` elements from [it, end) as one job for `sink`'s chunk `index`.
+template <class F, class Element, bool Spread, class It, class End>
+std::shared_ptr<Job> make_job(F f, It& it, const End& end, std::size_t limit, std::shared_ptr<JobSink> sink,
+                              std::size_t index, std::size_t* count_out = nullptr) {
+  auto job = std::make_shared<Job>();
+  std::size_t count = encode_task<F, Element, Spread>(*job, f, it, end, limit);
+  if (count_out) *count_out = count;
+  job->sink = std::move(sink);
+  job->chunk = index;
+  return job;
+}
+
+// Collects every chunk of a map into one vector, in input order.
+template <class W>
+class MapSink final : public JobSink {
+  // Results are stored in place when W can be default-constructed, else in optionals.
+  static constexpr bool kInPlace = std::is_default_constructible_v<W>;
+  using Slot = std::conditional_t<kInPlace, W, std::optional<W>>;
+
+ public:
+  MapSink(std::vector<std::size_t> offsets, std::size_t total, std::shared_ptr<ResultState<std::vector<W>>> state)
+      : offsets_(std::move(offsets)), slots_(total), remaining_(offsets_.size() - 1), state_(std::move(state)) {
+    if (remaining_ == 0) state_->set_value({});
+  }
+
+  void chunk_done(std::size_t chunk, Reader& results) override {
+    std::size_t begin = offsets_[chunk], size = offsets_[chunk + 1] - begin;
+    expect_result_count(results, size);
+    if constexpr (Bitwise<W>) {
+      results.read_bytes(slots_.data() + begin, size * sizeof(W));
+    } else {
+      for (std::size_t i = 0; i < size; ++i) slots_[begin + i] = results.read<W>();
+    }
+    results.expect_end();
+    if (--remaining_ == 0) state_->set_value(take_values());
+  }
+  // As Python's map: the first failure is the result; later chunks are ignored.
+  void chunk_failed(std::size_t, std::exception_ptr error) override { state_->set_error(std::move(error)); }
+
+ private:
+  std::vector<W> take_values() {
+    if constexpr (kInPlace) {
+      return std::move(slots_);
+    } else {
+      std::vector<W> values;
+      values.reserve(slots_.size());
+      for (auto& slot : slots_) values.push_back(std::move(*slot));
+      return values;
+    }
+  }
+
+  std::vector<std::size_t> offsets_;  // chunk i covers [offsets_[i], offsets_[i + 1])
+  std::vector<Slot> slots_;
+  std::size_t remaining_;
+  std::shared_ptr<ResultState<std::vector<W>>> state_;
+};
+
+template <class R>
+class ApplySink final : public JobSink {
+ public:
+  explicit ApplySink(std::shared_ptr<ResultState<R>> state) : state_(std::move(state)) {}
+  void chunk_done(std::size_t, Reader& results) override {
+    expect_result_count(results, 1);
+    auto value = results.read<NonVoid<R>>();
+    results.expect_end();
+    state_->set_value(std::move(value));
+  }
+  void chunk_failed(std::size_t, std::exception_ptr error) override { state_->set_error(std::move(error)); }
+
+ private:
+  std::shared_ptr<ResultState<R>> state_;
+};
+
+template <class F, class Element, bool Spread, class View>
+class RangeStream final : public StreamState<NonVoid<CallResult<F, Element, Spread>>> {
+ public:
+  RangeStream(std::shared_ptr<PoolCore> core, F f, View view, std::size_t chunksize, bool ordered)
+      : StreamState<NonVoid<CallResult<F, Element, Spread>>>(ordered, 2 * static_cast<std::size_t>(core->processes())),
+        core_(std::move(core)), f_(f), view_(std::move(view)), it_(std::ranges::begin(view_)),
+        chunksize_(std::max<std::size_t>(chunksize, 1)) {}
+
+ private:
+  bool submit_chunk(std::size_t index) override {
+    if (it_ == std::ranges::end(view_)) return false;
+    std::size_t count = 0;
+    auto job = make_job<F, Element, Spread>(f_, it_, std::ranges::end(view_), chunksize_,
+                                                this->shared_from_this(), index, &count);
+    this->record_chunk_size(index, count);
+    core_->submit(std::move(job));
+    return true;
+  }
+
+ private:
+  std::shared_ptr<PoolCore> core_;
+  F f_;
+  View view_;
+  std::ranges::iterator_t<View> it_;
+  std::size_t chunksize_;
+};
+
+template <class T>
+Task<T> await_result(AsyncResult<T> result) {
+  co_return co_await std::move(result);
+}
+
+}  // namespace detail
+
+class Pool {
+ public:
+  // Starts the workers now (and, for forkserver, the fork server).
+  explicit Pool(PoolOptions options = {});
+  // terminate(), as leaving Python's `with Pool()` block; outside a coroutine it also waits
+  // until every worker is reaped (inside one, run() waits for that before it returns). In a
+  // forked child of the process that made the pool, it touches nothing of the parent's.
+  ~Pool();
+  Pool(const Pool&) = delete;
+  Pool& operator=(const Pool&) = delete;
+
+  // f(args...) on a worker, started at once.
+  template <class F, class... Args>
+  auto apply_async(F f, Args... args) {
+    detail::check_sendable<F>();
+    core_->check_owner("Pool::apply_async");
+    using Element = std::tuple<Args...>;
+    using R = detail::CallResult<F, Element, true>;
+    auto state = std::make_shared<detail::ResultState<R>>();
+    auto sink = std::make_shared<detail::ApplySink<R>>(state);
+    Element element(std::move(args)...);
+    const Element* it = &element;
+    core_->submit(detail::make_job<F, Element, true>(f, it, &element + 1, 1, sink, 0));
+    return AsyncResult<R>(std::move(state));
+  }
+
+  // f on every input, results in input order, started at once. chunksize 0: inputs / (4 ×
+  // processes), rounded up, as CPython.
+  template <class F, std::ranges::input_range Range>
+  auto map_async(F f, Range&& inputs, std::size_t chunksize = 0) {
+    return map_chunks<false>(f, std::forward<Range>(inputs), chunksize);
+  }
+  template <class F, std::ranges::input_range Range>
+  auto map(F f, Range&& inputs, std::size_t chunksize = 0) {
+    return detail::await_result(map_async(f, std::forward<Range>(inputs), chunksize));
+  }
+  // As map, each input a tuple (or pair) of arguments.
+  template <class F, std::ranges::input_range Range>
+  auto starmap(F f, Range&& inputs, std::size_t chunksize = 0) {
+    return detail::await_result(map_chunks<true>(f, std::forward<Range>(inputs), chunksize));
+  }
+  template <class F, std::ranges::input_range Range>
+  auto starmap_async(F f, Range&& inputs, std::size_t chunksize = 0) {
+    return map_chunks<true>(f, std::forward<Range>(inputs), chunksize);
+  }
+
+  // Results one by one in input order; the input is read lazily (an lvalue range must outlive
+  // the stream).
+  template <class F, std::ranges::viewable_range Range>
+  auto imap(F f, Range&& inputs, std::size_t chunksize = 1) {
+    return make_stream(f, std::forward<Range>(inputs), chunksize, true);
+  }
+  // As imap, results as they finish.
+  template <class F, std::ranges::viewable_range Range>
+  auto imap_unordered(F f, Range&& inputs, std::size_t chunksize = 1) {
+    return make_stream(f, std::forward<Range>(inputs), chunksize, false);
+  }
+
+  // No new work; workers exit once the queue is empty.
+  void close();
+  // Stops the workers now; pending work fails with PoolTerminated.
+  void terminate();
+  // After close() or terminate(): completes when every worker is reaped.
+  Task<void> join();
+  int processes() const;
+  std::vector<pid_t> worker_pids() const;
+
+ private:
+  template <bool Spread, class F, class Range>
+  auto map_chunks(F f, Range&& inputs, std::size_t chunksize) {
+    detail::check_sendable<F>();
+    core_->check_owner("Pool::map");
+    using Element = std::ranges::range_value_t<Range>;
+    using W = detail::NonVoid<detail::CallResult<F, Element, Spread>>;
+    if constexpr (!std::ranges::sized_range<Range> || !std::ranges::forward_range<Range>) {
+      // One pass to learn the size; a single-pass range is kept in a vector first.
+      std::vector<Element> materialized(std::ranges::begin(inputs), std::ranges::end(inputs));
+      return map_chunks<Spread>(f, materialized, chunksize);
+    } else {
+      std::size_t total = std::ranges::size(inputs);
+      if (chunksize == 0) {
+        std::size_t divisor = 4 * static_cast<std::size_t>(processes());
+        chunksize = std::max<std::size_t>((total + divisor - 1) / divisor, 1);
+      }
+      std::size_t chunks = (total + chunksize - 1) / chunksize;
+      std::vector<std::size_t> offsets;
+      for (std::size_t i = 0; i <= chunks; ++i) offsets.push_back(std::min(i * chunksize, total));
+      auto state = std::make_shared<detail::ResultState<std::vector<W>>>();
+      auto sink = std::make_shared<detail::MapSink<W>>(offsets, total, state);
+      auto it = std::ranges::begin(inputs);
+      for (std::size_t c = 0; c < chunks; ++c) {
+        core_->submit(detail::make_job<F, Element, Spread>(f, it, std::ranges::end(inputs), chunksize, sink, c));
+      }
+      return AsyncResult<std::vector<W>>(std::move(state));
+    }
+  }
+
+  template <class F, class Range>
+  auto make_stream(F f, Range&& inputs, std::size_t chunksize, bool ordered) {
+    detail::check_sendable<F>();
+    core_->check_owner("Pool::imap");
+    using View = std::views::all_t<Range>;
+    using Element = std::ranges::range_value_t<View>;
+    using W = detail::NonVoid<detail::CallResult<F, Element, false>>;
+    auto state = std::make_shared<detail::RangeStream<F, Element, false, View>>(
+        core_, f, std::views::all(std::forward<Range>(inputs)), chunksize, ordered);
+    return Stream<W>(std::move(state));
+  }
+
+  std::shared_ptr<detail::PoolCore> core_;
+};
+
+}  // namespace forkpool

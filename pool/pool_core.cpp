@@ -1,0 +1,394 @@
+#include <forkpool/pool/internal/pool_core.hpp>
+
+#include <unistd.h>
+
+#include <csignal>
+#include <deque>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include <forkpool/ipc/internal/channel.hpp>
+#include <forkpool/pool/internal/launcher.hpp>
+#include <forkpool/pool/internal/loans.hpp>
+#include <forkpool/pool/internal/task_message.hpp>
+#include <forkpool/runtime/error.hpp>
+#include <forkpool/runtime/internal/event.hpp>
+#include <forkpool/runtime/internal/io.hpp>
+#include <forkpool/runtime/internal/loop_internals.hpp>
+#include <forkpool/runtime/scope.hpp>
+
+namespace forkpool::detail {
+namespace {
+
+// Jobs a worker holds at once: the one it runs and the next, so it never waits for the parent.
+constexpr std::size_t kJobsPerWorker = 2;
+
+int default_processes() {
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  return cpus > 0 ? static_cast<int>(cpus) : 1;
+}
+
+std::unique_ptr<Launcher> make_launcher(const PoolOptions& options) {
+  WorkerSpec spec{options.maxtasksperchild, options.initializer};
+  switch (options.start_method) {
+    case StartMethod::fork: return make_fork_launcher(std::move(spec));
+    case StartMethod::forkserver: return make_fork_server_launcher(std::move(spec));
+    case StartMethod::spawn: break;
+  }
+  throw std::invalid_argument("forkpool: StartMethod::spawn is not supported yet; use fork or forkserver");
+}
+
+// Tells the worker at the other end of `line` which storages it was lent were released here.
+// Never blocks: what the socket cannot take now goes with a later call. Safe on any thread.
+void send_released(PeerLoans& loans, Channel& line) {
+  std::vector<std::uint64_t> ids = loans.take_released();
+  if (ids.empty()) return;
+  Writer message = encode(ids);
+  try {
+    if (line.try_send(kReleaseMessage, 0, message.bytes())) return;
+  } catch (const ChannelClosed&) {
+    return;  // the worker is exiting: it unmaps everything
+  } catch (const std::exception&) {
+    // kept for later
+  }
+  loans.keep_released(ids);
+}
+
+}  // namespace
+
+class PoolCoreImpl final : public PoolCore, public std::enable_shared_from_this<PoolCoreImpl> {
+ public:
+  explicit PoolCoreImpl(PoolOptions options);
+  void start_workers();
+
+  void submit(std::shared_ptr<Job> job) override;
+  void close() override;
+  void terminate() override;
+  Task<void> join() override;
+  int processes() const noexcept override { return processes_; }
+  std::vector<pid_t> worker_pids() const override;
+  void shut_down() override;
+
+ private:
+  struct Worker;
+  void start_worker();
+  void replenish();
+  void dispatch();
+  std::shared_ptr<Worker> pick_worker();
+  void retire_if_idle(Worker& worker);
+  void on_worker_gone(const std::shared_ptr<Worker>& worker);
+  void fail_queue(const std::exception_ptr& error);
+  void handle_reply(Worker& worker, Message& message);
+  Task<void> serve(std::shared_ptr<Worker> worker);
+  Task<void> watch(std::shared_ptr<Worker> worker);
+  Task<void> send_outbox(std::shared_ptr<Worker> worker);
+  Task<void> send(std::shared_ptr<Worker> worker, std::shared_ptr<Job> job, std::uint64_t id);
+
+  PoolOptions options_;
+  int processes_;
+  std::unique_ptr<Launcher> launcher_;
+  std::vector<std::shared_ptr<Worker>> workers_;
+  std::deque<std::shared_ptr<Job>> queue_;
+  std::uint64_t next_request_id_ = 0;
+  int next_worker_index_ = 0;
+  bool closed_ = false;
+  bool terminated_ = false;
+  Event all_exited_;
+  Scope background_;  // each worker's serve(), watch() and send_outbox()
+};
+
+struct PoolCoreImpl::Worker {
+  int index = 0;
+  SpawnedWorker process;
+  std::optional<Channel> channel;
+  std::map<std::uint64_t, std::shared_ptr<Job>> in_flight;  // by request id
+  std::shared_ptr<PeerLoans> loans = std::make_shared<PeerLoans>();  // storages it keeps mapped for us
+  std::shared_ptr<Channel> release_line;  // its socket again, for releases sent from any thread
+  // Jobs to send, in order: a job may rely on a storage an earlier one lent, and two sends in
+  // flight at once could overtake each other when the socket is full.
+  std::deque<std::pair<std::uint64_t, std::shared_ptr<Job>>> outbox;
+  bool sending = false;
+  int assigned = 0;
+  bool retiring = false;        // takes no more jobs (maxtasksperchild reached)
+  bool write_closed = false;    // told to exit once idle
+  std::exception_ptr failure;   // why its jobs fail, if not WorkerLost
+  ExitStatus status;
+  Event exited;
+};
+
+PoolCore::PoolCore() : owner_thread_(std::this_thread::get_id()), owner_pid_(getpid()) {}
+
+bool PoolCore::in_owner_process() const noexcept { return getpid() == owner_pid_; }
+
+void PoolCore::check_owner(const char* who) const {
+  if (!in_owner_process())
+    throw std::logic_error(std::string("forkpool: ") + who + " called in a forked child: a Pool belongs to the process that made it");
+  if (std::this_thread::get_id() != owner_thread_)
+    throw std::logic_error(std::string("forkpool: ") + who +
+                           " called from another thread: a Pool belongs to the thread that made it");
+}
+
+std::shared_ptr<PoolCore> PoolCore::create(PoolOptions options) {
+  auto core = std::make_shared<PoolCoreImpl>(std::move(options));
+  core->start_workers();
+  return core;
+}
+
+PoolCoreImpl::PoolCoreImpl(PoolOptions options)
+    : options_(std::move(options)), processes_(options_.processes > 0 ? options_.processes : default_processes()) {
+  if (options_.processes < 0) throw std::invalid_argument("forkpool: PoolOptions::processes must be >= 0");
+  if (options_.maxtasksperchild < 0) throw std::invalid_argument("forkpool: PoolOptions::maxtasksperchild must be >= 0");
+  if (options_.max_retries < 0) throw std::invalid_argument("forkpool: PoolOptions::max_retries must be >= 0");
+}
+
+void PoolCoreImpl::start_workers() {
+  launcher_ = make_launcher(options_);
+  for (int i = 0; i < processes_; ++i) start_worker();
+}
+
+void PoolCoreImpl::start_worker() {
+  auto [ours, theirs] = Channel::make_pair();
+  auto worker = std::make_shared<Worker>();
+  worker->index = next_worker_index_++;
+  worker->process = launcher_->spawn(worker->index, theirs.release());
+  worker->channel.emplace(ours.release());
+  workers_.push_back(worker);
+  // A storage released here, on any thread, is dropped by the worker at once. The line owns
+  // its own descriptor, so it stays valid however the release races with the worker's end.
+  worker->release_line = std::make_shared<Channel>(duplicate_fd(worker->channel->fd()));
+  worker->loans->on_release([line = worker->release_line](PeerLoans& loans) { send_released(loans, *line); });
+  background_.start(serve(worker));
+  background_.start(watch(worker));
+}
+
+void PoolCoreImpl::submit(std::shared_ptr<Job> job) {
+  if (closed_) throw PoolClosed();
+  queue_.push_back(std::move(job));
+  replenish();
+  dispatch();
+}
+
+void PoolCoreImpl::replenish() {
+  while (!terminated_ && static_cast<int>(workers_.size()) < processes_ && (!closed_ || !queue_.empty())) {
+    try {
+      start_worker();
+    } catch (const std::exception& e) {
+      // No worker can be started now (descriptors or processes exhausted): with none left, the
+      // queued work fails with the reason instead of waiting for ever; a later submit tries again.
+      if (workers_.empty())
+        fail_queue(std::make_exception_ptr(Error(std::string("forkpool: cannot start a worker: ") + e.what())));
+      return;
+    }
+  }
+}
+
+std::shared_ptr<PoolCoreImpl::Worker> PoolCoreImpl::pick_worker() {
+  std::shared_ptr<Worker> best;
+  for (auto& w : workers_) {
+    if (w->retiring || w->write_closed || w->failure || w->exited.is_set()) continue;
+    if (w->in_flight.size() >= kJobsPerWorker) continue;
+    if (!best || w->in_flight.size() < best->in_flight.size()) best = w;
+  }
+  return best;
+}
+
+void PoolCoreImpl::dispatch() {
+  if (terminated_) return;
+  while (!queue_.empty()) {
+    std::shared_ptr<Worker> worker = pick_worker();
+    if (!worker) break;
+    std::shared_ptr<Job> job = std::move(queue_.front());
+    queue_.pop_front();
+    std::uint64_t id = ++next_request_id_;
+    worker->in_flight.emplace(id, job);
+    if (options_.maxtasksperchild > 0 && ++worker->assigned >= options_.maxtasksperchild) worker->retiring = true;
+    worker->outbox.emplace_back(id, std::move(job));
+    if (!worker->sending) background_.start(send_outbox(std::move(worker)));
+  }
+  if (closed_)
+    for (auto& w : workers_) retire_if_idle(*w);
+}
+
+void PoolCoreImpl::retire_if_idle(Worker& worker) {
+  if (!closed_ || !queue_.empty() || !worker.in_flight.empty() || worker.write_closed) return;
+  worker.write_closed = true;
+  worker.channel->shutdown_write();  // the worker sees end-of-file and exits
+}
+
+Task<void> PoolCoreImpl::send_outbox(std::shared_ptr<Worker> worker) {
+  worker->sending = true;
+  while (!worker->outbox.empty()) {
+    auto [id, job] = std::move(worker->outbox.front());
+    worker->outbox.pop_front();
+    co_await send(worker, std::move(job), id);
+  }
+  worker->sending = false;
+}
+
+Task<void> PoolCoreImpl::send(std::shared_ptr<Worker> worker, std::shared_ptr<Job> job, std::uint64_t id) {
+  send_released(*worker->loans, *worker->release_line);
+  // The worker keeps lent storages: only those new to it carry their descriptors.
+  PeerLoans::Handover handover = worker->loans->lend(job->loan);
+  std::vector<int> fds = task_descriptors(handover.fds, job->attachments);
+  std::exception_ptr send_error;
+  try {
+    co_await worker->channel->async_send(kTaskMessage, id, job->payload, fds);
+  } catch (const ChannelClosed&) {
+    // The worker died: its death fails or retries this job.
+  } catch (...) {
+    send_error = std::current_exception();
+  }
+  if (!send_error) co_return;
+  // The job could not be sent (a descriptor limit, say): it fails alone, the worker carries on,
+  // without the storages it was to be lent.
+  worker->loans->unlend(handover.new_ids);
+  auto it = worker->in_flight.find(id);
+  if (it == worker->in_flight.end()) co_return;
+  worker->in_flight.erase(it);
+  job->sink->chunk_failed(job->chunk, send_error);
+  dispatch();
+}
+
+Task<void> PoolCoreImpl::serve(std::shared_ptr<Worker> worker) {
+  auto self = shared_from_this();  // the core outlives every coroutine that uses it
+  for (;;) {
+    std::optional<Message> message;
+    try {
+      message.emplace(co_await worker->channel->async_receive());
+    } catch (const ChannelClosed&) {
+      break;
+    } catch (const ProtocolError&) {
+      // A malformed frame: this worker cannot be trusted any more.
+      if (!worker->failure) worker->failure = std::current_exception();
+      send_signal(worker->process.pidfd.get(), SIGKILL);
+      continue;  // read on until end-of-file
+    } catch (...) {
+      // The socket itself failed: nothing more can be read from it.
+      if (!worker->failure) worker->failure = std::current_exception();
+      send_signal(worker->process.pidfd.get(), SIGKILL);
+      break;
+    }
+    handle_reply(*worker, *message);
+  }
+  co_await worker->exited;
+  on_worker_gone(worker);
+}
+
+void PoolCoreImpl::handle_reply(Worker& worker, Message& message) {
+  auto it = worker.in_flight.find(message.request_id);
+  if (it == worker.in_flight.end()) {
+    if (!worker.failure)
+      worker.failure = std::make_exception_ptr(ProtocolError(
+          "forkpool: worker " + std::to_string(worker.process.pid) + " answered unknown request " +
+          std::to_string(message.request_id)));
+    send_signal(worker.process.pidfd.get(), SIGKILL);
+    return;
+  }
+  std::shared_ptr<Job> job = std::move(it->second);
+  worker.in_flight.erase(it);
+  try {
+    if (message.kind == kResultMessage) {
+      Reader results = message.reader();
+      results.set_context(&job->loan);  // the results may name storages the job lent
+      job->sink->chunk_done(job->chunk, results);
+    } else if (message.kind == kErrorMessage) {
+      auto [type, text] = decode<std::pair<std::string, std::string>>(message.payload.bytes());
+      job->sink->chunk_failed(job->chunk, std::make_exception_ptr(RemoteError(type, text, worker.process.pid)));
+    } else {
+      throw ProtocolError("forkpool: worker sent a message of unknown kind " + std::to_string(message.kind));
+    }
+  } catch (...) {
+    job->sink->chunk_failed(job->chunk, std::current_exception());
+  }
+  job.reset();  // may release lent storages
+  send_released(*worker.loans, *worker.release_line);  // any the socket could not take earlier
+  dispatch();  // after close(), this also retires the worker once it is idle
+}
+
+Task<void> PoolCoreImpl::watch(std::shared_ptr<Worker> worker) {
+  auto self = shared_from_this();
+  co_await wait_process_exit(worker->process.pidfd.get());
+  worker->status = launcher_->reap(worker->process);
+  // Whatever the worker sent before dying is still read; then the reader sees end-of-file even
+  // if a grandchild kept the worker's end of the socket open.
+  worker->channel->shutdown_read();
+  worker->exited.set();
+}
+
+void PoolCoreImpl::on_worker_gone(const std::shared_ptr<Worker>& worker) {
+  std::erase(workers_, worker);
+
+  std::vector<std::pair<std::shared_ptr<Job>, std::exception_ptr>> failed;
+  std::exception_ptr lost =
+      worker->failure ? worker->failure
+                      : std::make_exception_ptr(WorkerLost(worker->process.pid, worker->status.exit_code, worker->status.signal));
+  std::deque<std::shared_ptr<Job>> retries;
+  for (auto& [id, job] : worker->in_flight) {
+    if (terminated_) {
+      failed.emplace_back(job, std::make_exception_ptr(PoolTerminated()));
+    } else if (!worker->failure && job->attempts < options_.max_retries) {
+      ++job->attempts;
+      retries.push_back(job);
+    } else {
+      failed.emplace_back(job, lost);
+    }
+  }
+  worker->in_flight.clear();
+  queue_.insert(queue_.begin(), retries.begin(), retries.end());
+
+  replenish();
+  dispatch();
+  bool last = workers_.empty() && closed_;
+  for (auto& [job, error] : failed) job->sink->chunk_failed(job->chunk, error);
+  if (last) all_exited_.set();
+}
+
+void PoolCoreImpl::fail_queue(const std::exception_ptr& error) {
+  auto jobs = std::exchange(queue_, {});
+  for (auto& job : jobs) job->sink->chunk_failed(job->chunk, error);
+}
+
+void PoolCoreImpl::close() {
+  if (closed_) return;
+  closed_ = true;
+  for (auto& w : workers_) retire_if_idle(*w);
+  if (workers_.empty()) all_exited_.set();
+}
+
+void PoolCoreImpl::terminate() {
+  if (terminated_) return;
+  close();
+  terminated_ = true;
+  fail_queue(std::make_exception_ptr(PoolTerminated()));
+  for (auto& w : workers_) send_signal(w->process.pidfd.get(), SIGKILL);
+}
+
+Task<void> PoolCoreImpl::join() {
+  if (!closed_) throw std::logic_error("forkpool: Pool::join() called before close() or terminate()");
+  auto self = shared_from_this();
+  co_await all_exited_;
+}
+
+void PoolCoreImpl::shut_down() {
+  terminate();
+  Loop& loop = Loop::current();
+  if (LoopInternals::driving(loop)) {
+    // Inside a coroutine: run() waits for the reaping before it returns.
+    auto wait_for_workers = [](std::shared_ptr<PoolCoreImpl> self) -> Task<void> { co_await self->background_.join(); };
+    LoopInternals::finish_before_return(loop, wait_for_workers(shared_from_this()));
+  } else {
+    LoopInternals::DriveGuard guard(loop, "forkpool::Pool::~Pool");
+    LoopInternals::drive_until(loop, [this] { return background_.active() == 0; });
+  }
+}
+
+std::vector<pid_t> PoolCoreImpl::worker_pids() const {
+  std::vector<pid_t> pids;
+  for (auto& w : workers_)
+    if (!w->exited.is_set()) pids.push_back(w->process.pid);
+  return pids;
+}
+
+}  // namespace forkpool::detail

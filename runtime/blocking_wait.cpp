@@ -1,0 +1,33 @@
+#include <forkpool/runtime/internal/blocking_wait.hpp>
+
+#include <forkpool/runtime/internal/io.hpp>
+#include <forkpool/runtime/internal/loop_internals.hpp>
+
+namespace forkpool::detail {
+
+bool drive_loop_until(const std::function<bool()>& ready, std::optional<std::chrono::nanoseconds> timeout,
+                      const char* who) {
+  if (ready()) return true;
+  Loop& loop = Loop::current();
+  LoopInternals::DriveGuard guard(loop, who);
+  if (!timeout) {
+    LoopInternals::drive_until(loop, ready);
+    return true;
+  }
+  // A timer on the loop wakes the wait when the timeout passes.
+  bool timer_done = false;
+  Operation timer;
+  timer.kind = OpKind::timeout;
+  timer.context = &timer_done;
+  timer.on_complete = [](Operation* op, int) { *static_cast<bool*>(op->context) = true; };
+  timer.deadline = to_kernel_time(Clock::now() + *timeout);
+  LoopInternals::start(loop, &timer);
+  LoopInternals::drive_until(loop, [&] { return timer_done || ready(); });
+  if (!timer_done) {
+    LoopInternals::cancel(loop, &timer);
+    LoopInternals::drive_until(loop, [&] { return timer_done; });  // the timer lives on this stack
+  }
+  return ready();
+}
+
+}  // namespace forkpool::detail

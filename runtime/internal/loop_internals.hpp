@@ -1,0 +1,48 @@
+#pragma once
+// What forkpool's own awaitables and drivers need of the Loop beyond its public face.
+
+#include <chrono>
+#include <functional>
+#include <optional>
+#include <stdexcept>
+
+#include <forkpool/runtime/internal/backend.hpp>
+#include <forkpool/runtime/loop.hpp>
+
+namespace forkpool::detail {
+
+struct LoopInternals {
+  // Hands `op` to the kernel (queued if the ring is full); it completes through its callback.
+  static void start(Loop& loop, Operation* op);
+  // Asks `op` to complete early with -ECANCELED.
+  static void cancel(Loop& loop, Operation* op) { loop.backend_->cancel(op); }
+  // True while run(), AsyncResult::get() or run_ready() drives the loop on this thread.
+  static bool driving(const Loop& loop) noexcept { return loop.driving_; }
+  // Operations started and not yet completed.
+  static std::size_t outstanding(const Loop& loop) noexcept { return loop.backend_->outstanding(); }
+  // Runs one turn: delivers completions, blocking for at least one first if `block`.
+  static std::size_t turn(Loop& loop, bool block);
+  // run() and ~Loop drive the loop until `task` has ended: work that must not be cut short when
+  // the program's main task ends (a destroyed pool's workers being reaped).
+  static void finish_before_return(Loop& loop, Task<void> task) { loop.finishing_.start(std::move(task)); }
+  static void finish(Loop& loop);
+  // pthread_atfork's child handler: the inherited loop is dropped, its descriptors closed.
+  static void abandon_after_fork();
+
+  // Marks the loop as driven for the guard's lifetime; std::logic_error naming `who` if it already is.
+  class DriveGuard {
+   public:
+    DriveGuard(Loop& loop, const char* who);
+    ~DriveGuard() { loop_.driving_ = false; }
+    DriveGuard(const DriveGuard&) = delete;
+    DriveGuard& operator=(const DriveGuard&) = delete;
+
+   private:
+    Loop& loop_;
+  };
+
+  // Turns until `done()`; std::logic_error when nothing in flight can make progress.
+  static void drive_until(Loop& loop, const std::function<bool()>& done);
+};
+
+}  // namespace forkpool::detail

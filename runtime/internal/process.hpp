@@ -1,0 +1,54 @@
+#pragma once
+// Process plumbing for workers: starting them well-behaved, watching and reaping them.
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include <forkpool/runtime/internal/unique_fd.hpp>
+
+namespace forkpool::detail {
+
+// How a process ended: exit_code >= 0 and signal == 0, or exit_code == -1 and the signal.
+struct ExitStatus {
+  int exit_code = -1;
+  int signal = 0;
+};
+
+// A pidfd for `pid`, close-on-exec. Throws std::system_error.
+UniqueFd open_pidfd(pid_t pid);
+
+// Reaps the exited child behind `pidfd` (which must be readable). If it is not our child (or
+// a host's SIGCHLD handling reaped it first), the status is unknown: exit code -1, signal 0.
+ExitStatus reap(int pidfd);
+
+// Sends `signal` through a pidfd: never hits a recycled pid.
+void send_signal(int pidfd, int signal) noexcept;
+
+// Makes the calling (freshly forked) process die with `expected_parent` (PR_SET_PDEATHSIG), and
+// exit at once if the parent is already gone. Names it `name` (comm and cmdline).
+void die_with_parent(pid_t expected_parent) noexcept;
+void set_process_name(const std::string& name) noexcept;
+
+// Makes the calling (freshly forked) process a well-behaved helper of `expected_parent`:
+// dies with it (PR_SET_PDEATHSIG, and exits at once if it is already gone), default signal
+// dispositions and an empty mask, named `name` (comm and cmdline), and no descriptors open but
+// stdio and `keep`, which ends up as descriptor 3. Returns 3.
+int become_helper_process(const std::string& name, pid_t expected_parent, int keep) noexcept;
+
+// Exit codes of our own helpers' failures.
+inline constexpr int kExitOrphaned = 121;         // the parent died before PR_SET_PDEATHSIG
+inline constexpr int kExitInitializerFailed = 122;
+inline constexpr int kExitBadMessage = 123;
+
+// fork(), with stdio flushed first: output buffered in the parent must not be written twice.
+pid_t fork_flushed() noexcept;
+
+// Closes every descriptor >= first except those in `keep` (sorted).
+void close_descriptors_from(int first, const std::vector<int>& keep) noexcept;
+
+// Flushes stdio and ends the process without running destructors (ours are the parent's).
+[[noreturn]] void exit_helper(int code) noexcept;
+
+}  // namespace forkpool::detail

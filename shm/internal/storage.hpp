@@ -1,0 +1,89 @@
+#pragma once
+// Storage: the bytes behind tensors. Shared storage is a sealed memfd (file_descriptor) or a
+// named /dev/shm segment (file_system), mapped once per process and released when the last
+// holder in the process lets go; the kernel frees it when the last process lets go. External
+// storage (from DLPack) is memory forkpool does not own and cannot share without a copy.
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <forkpool/ipc/internal/mapping.hpp>
+#include <forkpool/runtime/internal/unique_fd.hpp>
+#include <forkpool/shm/sharing.hpp>
+
+namespace forkpool {
+
+// Told when a storage is released in this process (by the last holder, on any thread).
+class StorageReleaseListener {
+ public:
+  virtual ~StorageReleaseListener() = default;
+  virtual void storage_released(std::uint64_t id) = 0;
+};
+
+class Storage {
+ public:
+  // New zero-filled shared storage of `bytes`, of the kind the current sharing strategy names.
+  static std::shared_ptr<Storage> allocate(std::size_t bytes);
+  // Memory owned elsewhere; `release` runs when the last holder lets go.
+  static std::shared_ptr<Storage> external(std::byte* data, std::size_t bytes, std::function<void()> release);
+
+  // Receiving. Each validates before mapping (a memfd sealed against shrinking and growing, or a
+  // regular file directly in /dev/shm with a forkpool name, at least `min_bytes` long) and throws
+  // ProtocolError otherwise. A storage this process already maps is reused, not mapped again.
+  static std::shared_ptr<Storage> adopt_memfd(UniqueFd fd, std::size_t min_bytes);
+  // Takes over the reference the sender added for its message (see add_message_reference).
+  static std::shared_ptr<Storage> adopt_named(const std::string& name, std::size_t min_bytes);
+
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  // Unique among this process's storages, never reused: the name a peer borrows it under.
+  std::uint64_t id() const noexcept { return id_; }
+  std::byte* data() const noexcept { return data_; }
+  std::size_t size() const noexcept { return size_; }
+  bool is_shared() const noexcept { return kind_ != Kind::external; }
+  SharingStrategy strategy() const noexcept {
+    return kind_ == Kind::named ? SharingStrategy::file_system : SharingStrategy::file_descriptor;
+  }
+  // file_descriptor storage: the memfd to send.
+  int fd() const noexcept { return fd_.get(); }
+  // file_system storage: the segment's name under /dev/shm.
+  const std::string& name() const noexcept { return name_; }
+  // file_system: counts one more holder for a message about to carry the name; the receiver
+  // takes it over. The segment's name is unlinked when its count of holders reaches zero.
+  void add_message_reference();
+  // `listener` is told when this storage is released here (unless it is gone by then).
+  void notify_on_release(const std::shared_ptr<StorageReleaseListener>& listener);
+
+ private:
+  enum class Kind { memfd, named, external };
+  Storage();
+  static std::shared_ptr<Storage> cached(dev_t device, ino_t inode);
+  static void remember(const std::shared_ptr<Storage>& storage, dev_t device, ino_t inode);
+  std::atomic<std::int64_t>* holders() const noexcept;
+
+  Kind kind_ = Kind::memfd;
+  UniqueFd fd_;
+  Mapping mapping_;
+  std::byte* data_ = nullptr;
+  std::size_t size_ = 0;
+  std::string name_;
+  std::function<void()> release_;
+  dev_t device_ = 0;
+  ino_t inode_ = 0;
+  bool cached_ = false;
+  std::uint64_t id_;
+  std::mutex listeners_mutex_;  // a storage may be lent by pools on several threads
+  std::vector<std::weak_ptr<StorageReleaseListener>> listeners_;
+};
+
+}  // namespace forkpool
