@@ -21,6 +21,7 @@
 
 #include <forkpool/runtime/internal/io.hpp>
 #include <forkpool/pool/pool.hpp>
+#include <forkpool/runtime/loop.hpp>
 #include <forkpool/runtime/when_all.hpp>
 #include "support.hpp"
 
@@ -70,6 +71,19 @@ std::string describe(std::string name, int times) {
   return out;
 }
 void exit_with_three(int) { std::exit(3); }
+// A task that drives forkpool's own loop inside the worker.
+int sleep_on_the_loop(int ms) {
+  run(sleep_for(std::chrono::milliseconds(ms)));
+  return ms;
+}
+// A pool inside a task: the worker becomes a parent of its own workers.
+int nested_pool_sum(int n) {
+  Pool inner({.processes = 2});
+  std::vector<int> xs(n);
+  std::iota(xs.begin(), xs.end(), 1);
+  std::vector<int> squares = run(inner.map(square, xs));
+  return std::accumulate(squares.begin(), squares.end(), 0);
+}
 
 class PoolTest : public ::testing::TestWithParam<StartMethod> {
  protected:
@@ -432,6 +446,57 @@ TEST_P(PoolTest, DestroyingABusyPoolReapsEveryWorker) {
     pids = pool.worker_pids();
   }
   for (pid_t pid : pids) EXPECT_FALSE(test_support::process_alive(pid));
+}
+
+TEST_P(PoolTest, ATaskMayRunForkpoolsOwnLoop) {
+  Pool pool(options());
+  EXPECT_EQ(pool.apply_async(sleep_on_the_loop, 3).get(), 3);
+  EXPECT_EQ(run(pool.map(sleep_on_the_loop, std::vector<int>{1, 2, 1, 2})), (std::vector<int>{1, 2, 1, 2}));
+}
+
+TEST_P(PoolTest, APoolInsideATaskWorks) {
+  Pool pool(options());
+  // The host has watched the loop's descriptor too: the worker's loop must not inherit that.
+  (void)Loop::current().fd();
+  EXPECT_EQ(pool.apply_async(nested_pool_sum, 4).get(), 1 + 4 + 9 + 16);
+  EXPECT_EQ(run(pool.map(nested_pool_sum, std::vector<int>{2, 3})), (std::vector<int>{5, 14}));
+}
+
+TEST_P(PoolTest, UseFromAnotherThreadIsALogicErrorNamingTheRule) {
+  Pool pool(options());
+  std::string message;
+  std::thread other([&] {
+    try {
+      pool.apply_async(square, 2);
+    } catch (const std::logic_error& e) {
+      message = e.what();
+    }
+  });
+  other.join();
+  EXPECT_NE(message.find("a Pool belongs to the thread that made it"), std::string::npos) << message;
+  EXPECT_EQ(pool.apply_async(square, 3).get(), 9);  // and it still serves its own thread
+}
+
+TEST_P(PoolTest, AForkedChildThatDestroysAPoolLeavesTheParentsWorkersAlone) {
+  Pool pool(options());
+  auto pids = pool.worker_pids();
+  int status = test_support::run_in_child([&] {
+    // The child's copy of `pool` goes out of scope with the child: it must not kill anything.
+    std::exit(0);
+  });
+  ASSERT_TRUE(WIFEXITED(status));
+  // A child that destroys its copy explicitly.
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    pool.~Pool();
+    _exit(0);
+  }
+  int child_status = 0;
+  ASSERT_EQ(waitpid(child, &child_status, 0), child);
+  EXPECT_TRUE(WIFEXITED(child_status) && WEXITSTATUS(child_status) == 0);
+  for (pid_t pid : pids) EXPECT_TRUE(test_support::process_alive(pid)) << "worker " << pid << " was killed";
+  EXPECT_EQ(run(pool.map(square, std::vector<int>{1, 2, 3})), (std::vector<int>{1, 4, 9}));
 }
 
 INSTANTIATE_TEST_SUITE_P(StartMethods, PoolTest, ::testing::Values(StartMethod::fork, StartMethod::forkserver),

@@ -8,6 +8,7 @@
 
 #include <forkpool/runtime/internal/io.hpp>
 #include <forkpool/runtime/loop.hpp>
+#include <forkpool/runtime/scope.hpp>
 #include <forkpool/runtime/task.hpp>
 #include <forkpool/runtime/when_all.hpp>
 
@@ -133,6 +134,64 @@ TEST(Run, AfterANestedFailureTheLoopStillRuns) {
   };
   run(nested());
   EXPECT_EQ(run(constant(5)), 5);
+}
+
+TEST(Scope, StartRunsATaskWithoutAwaitingItAndJoinWaitsForAll) {
+  std::vector<int> order;
+  auto step = [](std::vector<int>& out, int id, std::chrono::milliseconds delay) -> Task<void> {
+    co_await sleep_for(delay);
+    out.push_back(id);
+  };
+  auto body = [&]() -> Task<int> {
+    Scope scope;
+    scope.start(step(order, 2, std::chrono::milliseconds(20)));
+    scope.start(step(order, 1, std::chrono::milliseconds(5)));
+    EXPECT_EQ(scope.active(), 2u);
+    EXPECT_TRUE(order.empty());  // started, not finished: start() did not wait
+    co_await scope.join();
+    EXPECT_EQ(scope.active(), 0u);
+    co_return static_cast<int>(order.size());
+  };
+  EXPECT_EQ(run(body()), 2);
+  EXPECT_EQ(order, (std::vector<int>{1, 2}));
+}
+
+TEST(Scope, JoinRethrowsTheFirstExceptionAfterAllEnded) {
+  bool slow_finished = false;
+  auto fails = []() -> Task<void> {
+    co_await sleep_for(std::chrono::milliseconds(1));
+    throw std::runtime_error("first");
+  };
+  auto slow = [](bool& done) -> Task<void> {
+    co_await sleep_for(std::chrono::milliseconds(20));
+    done = true;
+  };
+  auto body = [&]() -> Task<void> {
+    Scope scope;
+    scope.start(fails());
+    scope.start(slow(slow_finished));
+    co_await scope.join();
+  };
+  EXPECT_THROW(
+      {
+        try {
+          run(body());
+        } catch (const std::runtime_error& e) {
+          EXPECT_STREQ(e.what(), "first");
+          throw;
+        }
+      },
+      std::runtime_error);
+  EXPECT_TRUE(slow_finished);
+}
+
+TEST(Scope, JoinOfAnEmptyScopeCompletesAtOnce) {
+  auto body = []() -> Task<int> {
+    Scope scope;
+    co_await scope.join();
+    co_return 7;
+  };
+  EXPECT_EQ(run(body()), 7);
 }
 
 }  // namespace
