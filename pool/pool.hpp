@@ -107,20 +107,30 @@ class RangeStream final : public StreamState<NonVoid<CallResult<F, Element, Spre
   RangeStream(std::shared_ptr<PoolCore> core, F f, View view, std::size_t chunksize, bool ordered)
       : StreamState<NonVoid<CallResult<F, Element, Spread>>>(ordered, 2 * static_cast<std::size_t>(core->processes())),
         core_(std::move(core)), f_(f), view_(std::move(view)), it_(std::ranges::begin(view_)),
-        chunksize_(std::max<std::size_t>(chunksize, 1)) {}
+        chunksize_(std::max<std::size_t>(chunksize, 1)) {
+    core_->stream_opened();
+  }
+  ~RangeStream() override { end_input(); }
 
  private:
   bool submit_chunk(std::size_t index) override {
-    if (it_ == std::ranges::end(view_)) return false;
+    if (it_ == std::ranges::end(view_)) {
+      end_input();
+      return false;
+    }
     std::size_t count = 0;
-    auto job = make_job<F, Element, Spread>(f_, it_, std::ranges::end(view_), chunksize_,
-                                                this->shared_from_this(), index, &count);
+    auto job = make_job<F, Element, Spread>(f_, it_, std::ranges::end(view_), chunksize_, this->shared_from_this(),
+                                            index, &count);
     this->record_chunk_size(index, count);
-    core_->submit(std::move(job));
+    core_->submit_for_stream(std::move(job));
     return true;
   }
+  void end_input() {
+    if (open_) core_->stream_closed();
+    open_ = false;
+  }
 
- private:
+  bool open_ = true;
   std::shared_ptr<PoolCore> core_;
   F f_;
   View view_;
@@ -241,6 +251,7 @@ class Pool {
     using W = detail::NonVoid<detail::CallResult<F, Element, false>>;
     auto state = std::make_shared<detail::RangeStream<F, Element, false, View>>(
         core_, f, std::views::all(std::forward<Range>(inputs)), chunksize, ordered);
+    state->start();  // work starts at the call, as Python's imap
     return Stream<W>(std::move(state));
   }
 

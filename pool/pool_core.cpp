@@ -1,5 +1,6 @@
 #include <forkpool/pool/internal/pool_core.hpp>
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <csignal>
@@ -10,6 +11,8 @@
 #include <string>
 
 #include <forkpool/ipc/internal/channel.hpp>
+#include <forkpool/ipc/internal/mapping.hpp>
+#include <forkpool/ipc/internal/memfd.hpp>
 #include <forkpool/pool/internal/launcher.hpp>
 #include <forkpool/pool/internal/loans.hpp>
 #include <forkpool/pool/internal/task_message.hpp>
@@ -24,6 +27,9 @@ namespace {
 
 // Jobs a worker holds at once: the one it runs and the next, so it never waits for the parent.
 constexpr std::size_t kJobsPerWorker = 2;
+// Workers in a row whose initializer threw before the pool gives up and fails its work with the
+// InitializerError (Python's pool would start new ones for ever).
+constexpr int kMaxInitializerFailures = 3;
 
 int default_processes() {
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
@@ -64,6 +70,9 @@ class PoolCoreImpl final : public PoolCore, public std::enable_shared_from_this<
   void start_workers();
 
   void submit(std::shared_ptr<Job> job) override;
+  void stream_opened() override { ++open_streams_; }
+  void stream_closed() override;
+  void submit_for_stream(std::shared_ptr<Job> job) override;
   void close() override;
   void terminate() override;
   Task<void> join() override;
@@ -81,6 +90,7 @@ class PoolCoreImpl final : public PoolCore, public std::enable_shared_from_this<
   void on_worker_gone(const std::shared_ptr<Worker>& worker);
   void fail_queue(const std::exception_ptr& error);
   void handle_reply(Worker& worker, Message& message);
+  void reject(Worker& worker, std::exception_ptr error);
   Task<void> serve(std::shared_ptr<Worker> worker);
   Task<void> watch(std::shared_ptr<Worker> worker);
   Task<void> send_outbox(std::shared_ptr<Worker> worker);
@@ -95,6 +105,9 @@ class PoolCoreImpl final : public PoolCore, public std::enable_shared_from_this<
   int next_worker_index_ = 0;
   bool closed_ = false;
   bool terminated_ = false;
+  int open_streams_ = 0;          // streams that may still submit, also after close()
+  int initializer_failures_ = 0;  // consecutive workers whose initializer threw
+  std::exception_ptr broken_;     // why no worker can be started any more (the initializer)
   Event all_exited_;
   Scope background_;  // each worker's serve(), watch() and send_outbox()
 };
@@ -113,7 +126,9 @@ struct PoolCoreImpl::Worker {
   int assigned = 0;
   bool retiring = false;        // takes no more jobs (maxtasksperchild reached)
   bool write_closed = false;    // told to exit once idle
-  std::exception_ptr failure;   // why its jobs fail, if not WorkerLost
+  std::exception_ptr failure;   // it broke the protocol: why its running job fails
+  std::exception_ptr initializer_error;  // its initializer threw
+  Mapping running_slot;         // RunningSlot: which job it has taken up
   ExitStatus status;
   Event exited;
 };
@@ -132,7 +147,12 @@ void PoolCore::check_owner(const char* who) const {
 
 std::shared_ptr<PoolCore> PoolCore::create(PoolOptions options) {
   auto core = std::make_shared<PoolCoreImpl>(std::move(options));
-  core->start_workers();
+  try {
+    core->start_workers();
+  } catch (...) {
+    core->shut_down();  // the workers started so far are killed and reaped, their descriptors closed
+    throw;
+  }
   return core;
 }
 
@@ -150,28 +170,53 @@ void PoolCoreImpl::start_workers() {
 
 void PoolCoreImpl::start_worker() {
   auto [ours, theirs] = Channel::make_pair();
+  // Where the worker will say which job it runs: its first message carries it.
+  UniqueFd slot = create_memfd("forkpool-running-slot", kRunningSlotBytes);
+  seal_size(slot.get());
   auto worker = std::make_shared<Worker>();
+  worker->running_slot = Mapping::map(slot.get(), kRunningSlotBytes, PROT_READ | PROT_WRITE);
   worker->index = next_worker_index_++;
   worker->process = launcher_->spawn(worker->index, theirs.release());
   worker->channel.emplace(ours.release());
   workers_.push_back(worker);
-  // A storage released here, on any thread, is dropped by the worker at once. The line owns
-  // its own descriptor, so it stays valid however the release races with the worker's end.
-  worker->release_line = std::make_shared<Channel>(duplicate_fd(worker->channel->fd()));
+  background_.start(watch(worker));  // from here on its death is noticed, whatever fails below
+  int slot_fd = slot.get();
+  try {
+    worker->channel->send(kHelloMessage, 0, {}, std::span(&slot_fd, 1));  // an empty socket: no wait
+    // A storage released here, on any thread, is dropped by the worker at once. The line owns
+    // its own descriptor, so it stays valid however the release races with the worker's end.
+    worker->release_line = std::make_shared<Channel>(duplicate_fd(worker->channel->fd()));
+  } catch (...) {
+    worker->write_closed = true;  // never picked for a job
+    send_signal(worker->process.pidfd.get(), SIGKILL);
+    background_.start(serve(worker));  // reads to end-of-file, then lets the worker go
+    throw;
+  }
   worker->loans->on_release([line = worker->release_line](PeerLoans& loans) { send_released(loans, *line); });
   background_.start(serve(worker));
-  background_.start(watch(worker));
 }
 
 void PoolCoreImpl::submit(std::shared_ptr<Job> job) {
   if (closed_) throw PoolClosed();
+  submit_for_stream(std::move(job));
+}
+
+void PoolCoreImpl::submit_for_stream(std::shared_ptr<Job> job) {
+  if (terminated_) throw PoolTerminated();
+  if (broken_) std::rethrow_exception(broken_);
   queue_.push_back(std::move(job));
   replenish();
   dispatch();
 }
 
+void PoolCoreImpl::stream_closed() {
+  --open_streams_;
+  if (closed_)
+    for (auto& w : workers_) retire_if_idle(*w);
+}
+
 void PoolCoreImpl::replenish() {
-  while (!terminated_ && static_cast<int>(workers_.size()) < processes_ && (!closed_ || !queue_.empty())) {
+  while (!terminated_ && !broken_ && static_cast<int>(workers_.size()) < processes_ && (!closed_ || !queue_.empty())) {
     try {
       start_worker();
     } catch (const std::exception& e) {
@@ -212,7 +257,7 @@ void PoolCoreImpl::dispatch() {
 }
 
 void PoolCoreImpl::retire_if_idle(Worker& worker) {
-  if (!closed_ || !queue_.empty() || !worker.in_flight.empty() || worker.write_closed) return;
+  if (!closed_ || open_streams_ > 0 || !queue_.empty() || !worker.in_flight.empty() || worker.write_closed) return;
   worker.write_closed = true;
   worker.channel->shutdown_write();  // the worker sees end-of-file and exits
 }
@@ -260,30 +305,42 @@ Task<void> PoolCoreImpl::serve(std::shared_ptr<Worker> worker) {
     } catch (const ChannelClosed&) {
       break;
     } catch (const ProtocolError&) {
-      // A malformed frame: this worker cannot be trusted any more.
-      if (!worker->failure) worker->failure = std::current_exception();
-      send_signal(worker->process.pidfd.get(), SIGKILL);
-      continue;  // read on until end-of-file
+      reject(*worker, std::current_exception());
+      continue;  // drained, unread, until end-of-file
     } catch (...) {
       // The socket itself failed: nothing more can be read from it.
-      if (!worker->failure) worker->failure = std::current_exception();
-      send_signal(worker->process.pidfd.get(), SIGKILL);
+      reject(*worker, std::current_exception());
       break;
     }
-    handle_reply(*worker, *message);
+    if (!worker->failure) handle_reply(*worker, *message);
   }
   co_await worker->exited;
   on_worker_gone(worker);
 }
 
+// One rule for a worker that breaks the protocol: it is killed and replaced, the job it ran
+// fails with the error, and nothing it sends afterwards is read.
+void PoolCoreImpl::reject(Worker& worker, std::exception_ptr error) {
+  if (worker.failure) return;
+  worker.failure = std::move(error);
+  send_signal(worker.process.pidfd.get(), SIGKILL);
+}
+
 void PoolCoreImpl::handle_reply(Worker& worker, Message& message) {
+  if (message.request_id == 0 && message.kind == kErrorMessage && !worker.initializer_error) {
+    try {
+      auto [type, text] = decode<std::pair<std::string, std::string>>(message.payload.bytes());
+      worker.initializer_error = std::make_exception_ptr(InitializerError(type, text, worker.process.pid));
+    } catch (...) {
+      reject(worker, std::current_exception());
+    }
+    return;  // the worker exits; on_worker_gone decides what follows
+  }
   auto it = worker.in_flight.find(message.request_id);
   if (it == worker.in_flight.end()) {
-    if (!worker.failure)
-      worker.failure = std::make_exception_ptr(ProtocolError(
-          "forkpool: worker " + std::to_string(worker.process.pid) + " answered unknown request " +
-          std::to_string(message.request_id)));
-    send_signal(worker.process.pidfd.get(), SIGKILL);
+    reject(worker, std::make_exception_ptr(ProtocolError("forkpool: worker " + std::to_string(worker.process.pid) +
+                                                         " answered unknown request " +
+                                                         std::to_string(message.request_id))));
     return;
   }
   std::shared_ptr<Job> job = std::move(it->second);
@@ -293,12 +350,18 @@ void PoolCoreImpl::handle_reply(Worker& worker, Message& message) {
       Reader results = message.reader();
       results.set_context(&job->loan);  // the results may name storages the job lent
       job->sink->chunk_done(job->chunk, results);
+      initializer_failures_ = 0;  // a worker that serves proves the initializer can succeed
     } else if (message.kind == kErrorMessage) {
       auto [type, text] = decode<std::pair<std::string, std::string>>(message.payload.bytes());
       job->sink->chunk_failed(job->chunk, std::make_exception_ptr(RemoteError(type, text, worker.process.pid)));
+      initializer_failures_ = 0;
     } else {
-      throw ProtocolError("forkpool: worker sent a message of unknown kind " + std::to_string(message.kind));
+      throw ProtocolError("forkpool: worker " + std::to_string(worker.process.pid) + " sent a message of unknown kind " +
+                          std::to_string(message.kind));
     }
+  } catch (const ProtocolError&) {
+    job->sink->chunk_failed(job->chunk, std::current_exception());
+    reject(worker, std::current_exception());
   } catch (...) {
     job->sink->chunk_failed(job->chunk, std::current_exception());
   }
@@ -310,7 +373,11 @@ void PoolCoreImpl::handle_reply(Worker& worker, Message& message) {
 Task<void> PoolCoreImpl::watch(std::shared_ptr<Worker> worker) {
   auto self = shared_from_this();
   co_await wait_process_exit(worker->process.pidfd.get());
-  worker->status = launcher_->reap(worker->process);
+  try {
+    worker->status = launcher_->reap(worker->process);
+  } catch (const std::exception&) {
+    worker->status = {};  // the fork server is gone: the status is unknown
+  }
   // Whatever the worker sent before dying is still read; then the reader sees end-of-file even
   // if a grandchild kept the worker's end of the socket open.
   worker->channel->shutdown_read();
@@ -319,24 +386,31 @@ Task<void> PoolCoreImpl::watch(std::shared_ptr<Worker> worker) {
 
 void PoolCoreImpl::on_worker_gone(const std::shared_ptr<Worker>& worker) {
   std::erase(workers_, worker);
+  if (worker->initializer_error && ++initializer_failures_ >= kMaxInitializerFailures) broken_ = worker->initializer_error;
 
+  // Only jobs the worker took up ran; the others never started and go back to the front of the
+  // queue, in order, at no cost to their retries (RunningSlot).
+  std::uint64_t last_taken = reinterpret_cast<RunningSlot*>(worker->running_slot.data())->request_id.load();
   std::vector<std::pair<std::shared_ptr<Job>, std::exception_ptr>> failed;
-  std::exception_ptr lost =
-      worker->failure ? worker->failure
-                      : std::make_exception_ptr(WorkerLost(worker->process.pid, worker->status.exit_code, worker->status.signal));
-  std::deque<std::shared_ptr<Job>> retries;
+  std::deque<std::shared_ptr<Job>> requeued;
   for (auto& [id, job] : worker->in_flight) {
     if (terminated_) {
       failed.emplace_back(job, std::make_exception_ptr(PoolTerminated()));
-    } else if (!worker->failure && job->attempts < options_.max_retries) {
+    } else if (id > last_taken) {
+      requeued.push_back(job);
+    } else if (worker->failure) {
+      failed.emplace_back(job, worker->failure);
+    } else if (job->attempts < options_.max_retries) {
       ++job->attempts;
-      retries.push_back(job);
+      requeued.push_back(job);
     } else {
-      failed.emplace_back(job, lost);
+      failed.emplace_back(job, std::make_exception_ptr(WorkerLost(worker->process.pid, worker->status.exit_code,
+                                                                  worker->status.signal)));
     }
   }
   worker->in_flight.clear();
-  queue_.insert(queue_.begin(), retries.begin(), retries.end());
+  queue_.insert(queue_.begin(), requeued.begin(), requeued.end());
+  if (broken_ && workers_.empty()) fail_queue(broken_);
 
   replenish();
   dispatch();

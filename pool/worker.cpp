@@ -1,10 +1,14 @@
 #include <forkpool/pool/internal/worker.hpp>
 
+#include <sys/mman.h>
+
 #include <cstdio>
 #include <exception>
 #include <string>
 
 #include <forkpool/ipc/internal/channel.hpp>
+#include <forkpool/ipc/internal/mapping.hpp>
+#include <forkpool/ipc/internal/memfd.hpp>
 #include <forkpool/pool/internal/loans.hpp>
 #include <forkpool/runtime/internal/describe_exception.hpp>
 #include <forkpool/runtime/error.hpp>
@@ -15,7 +19,9 @@ namespace forkpool::detail {
 namespace {
 
 // Throws ProtocolError when the message's lent storages are not valid: the conversation is broken.
-void serve_task(Channel& channel, Message& task, BorrowedStorages& borrowed) {
+void serve_task(Channel& channel, Message& task, BorrowedStorages& borrowed, RunningSlot& running) {
+  // Taken up from here: a crash while decoding is this task's too, never the next one's.
+  running.request_id.store(task.request_id, std::memory_order_release);
   TaskCall call = read_task(task, borrowed);
   Writer out(&borrowed);  // a result may be a storage the task lent: it goes back by id
   try {
@@ -29,23 +35,36 @@ void serve_task(Channel& channel, Message& task, BorrowedStorages& borrowed) {
   channel.send(kResultMessage, task.request_id, out.bytes(), out.fds());
 }
 
+// The parent's first message: the slot this worker reports its running task in.
+Mapping receive_running_slot(Channel& channel) {
+  Message hello = channel.receive();
+  if (hello.kind != kHelloMessage || hello.fds.size() != 1)
+    throw ProtocolError("forkpool: the parent's first message is not a hello with one descriptor");
+  check_sealed_memfd(hello.fds[0].get(), kRunningSlotBytes, "forkpool: running slot");
+  return Mapping::map(hello.fds[0].get(), kRunningSlotBytes, PROT_READ | PROT_WRITE);
+}
+
 }  // namespace
 
 void worker_main(const WorkerSpec& spec, int index, pid_t parent, UniqueFd channel_fd) noexcept {
   int fd = become_helper_process("forkpool-worker-" + std::to_string(index), parent, channel_fd.release());
   Channel channel{UniqueFd(fd)};
-  if (spec.initializer) {
-    try {
-      spec.initializer();
-    } catch (...) {
-      auto [type, message] = describe_current_exception();
-      std::fprintf(stderr, "forkpool: worker %d: initializer threw %s: %s\n", index, type.c_str(), message.c_str());
-      exit_helper(kExitInitializerFailed);
-    }
-  }
   int served = 0;
   BorrowedStorages borrowed;  // storages the parent lent, mapped until it releases them
   try {
+    Mapping slot = receive_running_slot(channel);
+    auto& running = *reinterpret_cast<RunningSlot*>(slot.data());
+    if (spec.initializer) {
+      try {
+        spec.initializer();
+      } catch (...) {
+        // The parent reports it (InitializerError) and decides whether to start another.
+        auto [type, message] = describe_current_exception();
+        Writer error = encode(std::pair<std::string, std::string>(type, message));
+        channel.send(kErrorMessage, 0, error.bytes());
+        exit_helper(kExitInitializerFailed);
+      }
+    }
     for (;;) {
       Message message = channel.receive();
       if (message.kind == kReleaseMessage) {
@@ -55,7 +74,7 @@ void worker_main(const WorkerSpec& spec, int index, pid_t parent, UniqueFd chann
       if (message.kind != kTaskMessage)
         throw ProtocolError("forkpool: the parent sent a message of unknown kind " + std::to_string(message.kind));
       // Everything the task made is destroyed before the next one starts.
-      serve_task(channel, message, borrowed);
+      serve_task(channel, message, borrowed, running);
       if (spec.maxtasksperchild > 0 && ++served >= spec.maxtasksperchild) break;
     }
   } catch (const ChannelClosed&) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <numeric>
+#include <optional>
 #include <ranges>
 #include <set>
 #include <stdexcept>
@@ -20,6 +22,7 @@
 #include <vector>
 
 #include <forkpool/runtime/internal/io.hpp>
+#include <forkpool/ipc/internal/channel.hpp>
 #include <forkpool/pool/pool.hpp>
 #include <forkpool/runtime/loop.hpp>
 #include <forkpool/runtime/when_all.hpp>
@@ -71,6 +74,28 @@ std::string describe(std::string name, int times) {
   return out;
 }
 void exit_with_three(int) { std::exit(3); }
+int crash(int) {
+  raise(SIGABRT);
+  return 0;
+}
+void throwing_initializer() { throw std::domain_error("no GPU here"); }
+// A hostile task: writes a frame of an unknown kind on the worker's channel (descriptor 3).
+int speak_out_of_turn(int x) {
+  Channel line{UniqueFd(dup(3))};
+  line.send(99, 424242, {});
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  return x;
+}
+// How many processes this one has as children.
+int child_count() {
+  int count = 0;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream children(task.path() / "children");
+    pid_t pid;
+    while (children >> pid) ++count;
+  }
+  return count;
+}
 // A task that drives forkpool's own loop inside the worker.
 int sleep_on_the_loop(int ms) {
   run(sleep_for(std::chrono::milliseconds(ms)));
@@ -480,12 +505,7 @@ TEST_P(PoolTest, UseFromAnotherThreadIsALogicErrorNamingTheRule) {
 TEST_P(PoolTest, AForkedChildThatDestroysAPoolLeavesTheParentsWorkersAlone) {
   Pool pool(options());
   auto pids = pool.worker_pids();
-  int status = test_support::run_in_child([&] {
-    // The child's copy of `pool` goes out of scope with the child: it must not kill anything.
-    std::exit(0);
-  });
-  ASSERT_TRUE(WIFEXITED(status));
-  // A child that destroys its copy explicitly.
+  // (_exit: the child's copies of the parent's suspended coroutines are nobody's to free.)
   pid_t child = fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
@@ -497,6 +517,137 @@ TEST_P(PoolTest, AForkedChildThatDestroysAPoolLeavesTheParentsWorkersAlone) {
   EXPECT_TRUE(WIFEXITED(child_status) && WEXITSTATUS(child_status) == 0);
   for (pid_t pid : pids) EXPECT_TRUE(test_support::process_alive(pid)) << "worker " << pid << " was killed";
   EXPECT_EQ(run(pool.map(square, std::vector<int>{1, 2, 3})), (std::vector<int>{1, 4, 9}));
+}
+
+TEST_P(PoolTest, OnlyTheTaskThatRanFailsWhenItsWorkerCrashesWithWorkQueuedBehindIt) {
+  Pool pool(options(1));
+  auto crashed = pool.apply_async(crash, 0);
+  auto first = pool.apply_async(square, 3);   // queued at the same worker behind the crash
+  auto second = pool.apply_async(square, 4);
+  EXPECT_EQ(first.get(), 9);
+  EXPECT_EQ(second.get(), 16);
+  try {
+    crashed.get();
+    FAIL() << "the crash did not fail its task";
+  } catch (const WorkerLost& e) {
+    EXPECT_EQ(e.signal(), SIGABRT);
+  }
+}
+
+TEST_P(PoolTest, WorkSentToAWorkerThatDiedWhileTheLoopWasIdleRunsElsewhere) {
+  Pool pool(options(1));
+  pid_t worker = pool.worker_pids().at(0);
+  ASSERT_EQ(kill(worker, SIGKILL), 0);
+  while (test_support::process_alive(worker)) std::this_thread::sleep_for(1ms);
+  // The loop has not run since: the pool still counts the dead worker as its own.
+  EXPECT_EQ(pool.apply_async(square, 5).get(), 25);
+  EXPECT_NE(pool.worker_pids().at(0), worker);
+}
+
+TEST_P(PoolTest, RequeuedWorkCostsNoRetries) {
+  PoolOptions o = options(1);
+  o.max_retries = 0;
+  Pool pool(o);
+  std::vector<AsyncResult<int>> behind;
+  auto crashed = pool.apply_async(crash, 0);
+  for (int i = 0; i < 5; ++i) behind.push_back(pool.apply_async(square, i));
+  EXPECT_THROW(crashed.get(), WorkerLost);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(behind[i].get(), i * i);
+}
+
+TEST_P(PoolTest, AStreamMadeBeforeCloseDeliversAllItsResults) {
+  Pool pool(options());
+  std::vector<int> xs(50);
+  std::iota(xs.begin(), xs.end(), 0);
+  Stream<int> stream = pool.imap(square, xs);
+  pool.close();
+  auto drain = [](Stream<int>& s) -> Task<std::vector<int>> {
+    std::vector<int> out;
+    while (auto y = co_await s.next()) out.push_back(*y);
+    co_return out;
+  };
+  std::vector<int> ys = run(drain(stream));
+  ASSERT_EQ(ys.size(), xs.size());
+  for (int x : xs) EXPECT_EQ(ys[x], x * x);
+  run(pool.join());
+}
+
+TEST_P(PoolTest, AStreamStartsWorkAtTheCall) {
+  Pool pool(options());
+  std::vector<int> xs{50};
+  Stream<int> stream = pool.imap(announce_then_sleep, xs);
+  // Nothing drives the loop here, yet the task is already running in a worker.
+  auto deadline = std::chrono::steady_clock::now() + 2s;
+  while (shared()->running_pid.load() == 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(1ms);
+  EXPECT_NE(shared()->running_pid.load(), 0);
+  EXPECT_EQ(*run(stream.next()), 50);
+}
+
+TEST_P(PoolTest, AStreamThatOutlivesItsPoolReportsPoolTerminated) {
+  std::optional<Stream<int>> stream;
+  {
+    Pool pool(options(1));
+    std::vector<int> many(1000, 1);
+    stream.emplace(pool.imap(sleep_ms, std::views::all(many) | std::views::transform([](int x) { return x; })));
+  }
+  auto drain = [](Stream<int>& s) -> Task<void> {
+    while (co_await s.next()) {
+    }
+  };
+  EXPECT_THROW(run(drain(*stream)), PoolTerminated);
+}
+
+TEST_P(PoolTest, AThrowingInitializerIsAnInitializerErrorAndThePoolStopsRestartingWorkers) {
+  PoolOptions o = options(1);
+  o.initializer = throwing_initializer;
+  Pool pool(o);
+  try {
+    pool.apply_async(square, 2).get(std::chrono::seconds(10));
+    FAIL() << "no exception";
+  } catch (const InitializerError& e) {
+    EXPECT_EQ(e.type_name(), "std::domain_error");
+    EXPECT_EQ(e.message(), "no GPU here");
+    EXPECT_NE(std::string(e.what()).find("no GPU here"), std::string::npos);
+  }
+  // Later work fails at once, with the same reason; no worker is started for it.
+  EXPECT_THROW(pool.apply_async(square, 2), InitializerError);
+  EXPECT_TRUE(pool.worker_pids().empty());
+}
+
+TEST_P(PoolTest, APoolWhoseConstructorThrowsLeavesNothingBehind) {
+  int status = test_support::run_in_child([&] {
+    (void)Loop::current();  // the thread's loop is made once and kept: not the pool's
+    int fds_before = test_support::open_fd_count();
+    rlimit limit{64, 64};
+    if (setrlimit(RLIMIT_NOFILE, &limit) != 0) std::exit(2);
+    try {
+      Pool pool(options(40));
+      std::exit(3);  // 40 workers cannot fit in 64 descriptors
+    } catch (const std::exception&) {
+    }
+    if (int now = test_support::open_fd_count(); now != fds_before) {
+      std::fprintf(stderr, "descriptors: %d before, %d after\n", fds_before, now);
+      for (const auto& fd : std::filesystem::directory_iterator("/proc/self/fd"))
+        std::fprintf(stderr, "  %s -> %s\n", fd.path().c_str(),
+                     std::filesystem::read_symlink(fd.path()).c_str());
+      std::exit(4);
+    }
+    if (child_count() != 0) std::exit(5);
+    // And the next pool works.
+    Pool pool(options(2));
+    if (pool.apply_async(square, 6).get() != 36) std::exit(6);
+  });
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+TEST_P(PoolTest, AWorkerThatBreaksTheProtocolIsReplacedAndItsTaskFailsWithProtocolError) {
+  Pool pool(options(1));
+  pid_t before = pool.worker_pids().at(0);
+  EXPECT_THROW(pool.apply_async(speak_out_of_turn, 1).get(), ProtocolError);
+  EXPECT_EQ(pool.apply_async(square, 7).get(), 49);
+  EXPECT_NE(pool.worker_pids().at(0), before);
 }
 
 INSTANTIATE_TEST_SUITE_P(StartMethods, PoolTest, ::testing::Values(StartMethod::fork, StartMethod::forkserver),

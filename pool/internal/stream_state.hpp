@@ -22,6 +22,9 @@ class StreamState : public JobSink {
  public:
   StreamState(bool ordered, std::size_t window) : ordered_(ordered), window_(window) {}
 
+  // Submits the first window of chunks.
+  void start() { fill_window(); }
+
   static Task<std::optional<R>> next(std::shared_ptr<StreamState> self) {
     for (;;) {
       if (self->position_ < self->current_.size()) co_return std::move(self->current_[self->position_++]);

@@ -9,13 +9,16 @@
 //     descriptors  first the memfds of the lent storages the worker does not hold yet, in the
 //                  order of their ids above (task_descriptors()); then what the elements attached,
 //                  which they name by index among these
+//   hello   (parent -> worker): the first message; carries one memfd, the worker's RunningSlot
 //   result  (worker -> parent): [u64 count of results, the chunk's size][results...]
-//   error   (worker -> parent): [type name][message] of what the task threw
+//   error   (worker -> parent): [type name][message] of what the task threw; with request id 0,
+//                               of what the pool's initializer threw (the worker then exits)
 //   release (parent -> worker): [ids of lent storages the parent released]
 //
 // Lent storages are loans.hpp's: the worker keeps them mapped until the parent releases them.
 // Function addresses are valid in the worker because it is a fork of the parent's image.
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -39,7 +42,22 @@ namespace forkpool::detail {
 
 class BorrowedStorages;
 
-enum MessageKind : std::uint16_t { kTaskMessage = 1, kResultMessage = 2, kErrorMessage = 3, kReleaseMessage = 4 };
+enum MessageKind : std::uint16_t {
+  kTaskMessage = 1,
+  kResultMessage = 2,
+  kErrorMessage = 3,
+  kReleaseMessage = 4,
+  kHelloMessage = 5,
+};
+
+// Shared between the parent and one worker: the request id of the last task the worker took up
+// (0 before the first). A worker is sent its jobs in rising id order and takes them up in that
+// order, so after its death a job in flight with a higher id never started; one with this id or
+// lower ran (its reply, if sent, was unreadable).
+struct RunningSlot {
+  std::atomic<std::uint64_t> request_id;
+};
+inline constexpr std::size_t kRunningSlotBytes = 4096;
 
 // Decodes `count` elements from `in`, calls the function on each, encodes the results to `out`.
 using Invoker = void (*)(std::uintptr_t function, std::size_t count, Reader& in, Writer& out);
