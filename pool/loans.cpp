@@ -5,6 +5,7 @@
 #include <string>
 
 #include <forkpool/runtime/error.hpp>
+#include <forkpool/runtime/internal/process.hpp>
 
 namespace forkpool::detail {
 
@@ -27,7 +28,7 @@ std::shared_ptr<Storage> MessageLoan::resolve(StorageReference ref) const {
   return ref.returned ? find(ref.id) : nullptr;
 }
 
-PeerLoans::PeerLoans() : owner_(getpid()) {}
+PeerLoans::PeerLoans() : owner_(current_pid()) {}
 
 PeerLoans::Handover PeerLoans::lend(const MessageLoan& loan) {
   Handover handover;
@@ -67,7 +68,7 @@ void PeerLoans::on_release(std::function<void(PeerLoans&)> callback) {
 }
 
 void PeerLoans::storage_released(std::uint64_t id) {
-  if (getpid() != owner_) return;
+  if (current_pid() != owner_) return;
   std::function<void(PeerLoans&)> callback;
   {
     std::lock_guard lock(mutex_);

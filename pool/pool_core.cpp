@@ -16,6 +16,7 @@
 #include <forkpool/pool/internal/launcher.hpp>
 #include <forkpool/pool/internal/loans.hpp>
 #include <forkpool/pool/internal/task_message.hpp>
+#include <forkpool/runtime/internal/process.hpp>
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/internal/event.hpp>
 #include <forkpool/runtime/internal/io.hpp>
@@ -133,9 +134,9 @@ struct PoolCoreImpl::Worker {
   Event exited;
 };
 
-PoolCore::PoolCore() : owner_thread_(std::this_thread::get_id()), owner_pid_(getpid()) {}
+PoolCore::PoolCore() : owner_thread_(std::this_thread::get_id()), owner_pid_(current_pid()) {}
 
-bool PoolCore::in_owner_process() const noexcept { return getpid() == owner_pid_; }
+bool PoolCore::in_owner_process() const noexcept { return current_pid() == owner_pid_; }
 
 void PoolCore::check_owner(const char* who) const {
   if (!in_owner_process())
@@ -329,8 +330,7 @@ void PoolCoreImpl::reject(Worker& worker, std::exception_ptr error) {
 void PoolCoreImpl::handle_reply(Worker& worker, Message& message) {
   if (message.request_id == 0 && message.kind == kErrorMessage && !worker.initializer_error) {
     try {
-      auto [type, text] = decode<std::pair<std::string, std::string>>(message.payload.bytes());
-      worker.initializer_error = std::make_exception_ptr(InitializerError(type, text, worker.process.pid));
+      worker.initializer_error = decode_exception<InitializerError>(message.payload.bytes(), worker.process.pid);
     } catch (...) {
       reject(worker, std::current_exception());
     }
@@ -352,8 +352,7 @@ void PoolCoreImpl::handle_reply(Worker& worker, Message& message) {
       job->sink->chunk_done(job->chunk, results);
       initializer_failures_ = 0;  // a worker that serves proves the initializer can succeed
     } else if (message.kind == kErrorMessage) {
-      auto [type, text] = decode<std::pair<std::string, std::string>>(message.payload.bytes());
-      job->sink->chunk_failed(job->chunk, std::make_exception_ptr(RemoteError(type, text, worker.process.pid)));
+      job->sink->chunk_failed(job->chunk, decode_exception<RemoteError>(message.payload.bytes(), worker.process.pid));
       initializer_failures_ = 0;
     } else {
       throw ProtocolError("forkpool: worker " + std::to_string(worker.process.pid) + " sent a message of unknown kind " +

@@ -2,6 +2,7 @@
 
 #include <forkpool/ipc/internal/frame.hpp>
 #include <forkpool/pool/internal/loans.hpp>
+#include <forkpool/runtime/internal/describe_exception.hpp>
 
 namespace forkpool::detail {
 
@@ -40,6 +41,10 @@ TaskCall read_task(Message& task, BorrowedStorages& borrowed) {
   auto function = static_cast<std::uintptr_t>(header.read<std::uint64_t>());
   return {invoker, function, static_cast<std::size_t>(count),
           Reader(payload.subspan(kHeader, body_end - kHeader), std::span(task.fds).subspan(taken), &borrowed)};
+}
+
+Writer encode_current_exception() {
+  return encode(describe_current_exception());
 }
 
 void expect_result_count(Reader& results, std::size_t expected) {

@@ -10,7 +10,6 @@
 #include <forkpool/ipc/internal/mapping.hpp>
 #include <forkpool/ipc/internal/memfd.hpp>
 #include <forkpool/pool/internal/loans.hpp>
-#include <forkpool/runtime/internal/describe_exception.hpp>
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/internal/process.hpp>
 #include <forkpool/pool/internal/task_message.hpp>
@@ -27,9 +26,7 @@ void serve_task(Channel& channel, Message& task, BorrowedStorages& borrowed, Run
   try {
     call.invoker(call.function, call.count, call.arguments, out);
   } catch (...) {
-    auto [type, message] = describe_current_exception();
-    Writer error = encode(std::pair<std::string, std::string>(type, message));
-    channel.send(kErrorMessage, task.request_id, error.bytes());
+    channel.send(kErrorMessage, task.request_id, encode_current_exception().bytes());
     return;
   }
   channel.send(kResultMessage, task.request_id, out.bytes(), out.fds());
@@ -59,9 +56,7 @@ void worker_main(const WorkerSpec& spec, int index, pid_t parent, UniqueFd chann
         spec.initializer();
       } catch (...) {
         // The parent reports it (InitializerError) and decides whether to start another.
-        auto [type, message] = describe_current_exception();
-        Writer error = encode(std::pair<std::string, std::string>(type, message));
-        channel.send(kErrorMessage, 0, error.bytes());
+        channel.send(kErrorMessage, 0, encode_current_exception().bytes());
         exit_helper(kExitInitializerFailed);
       }
     }

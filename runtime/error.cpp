@@ -24,13 +24,13 @@ std::string describe_end(int exit_code, int signal) {
 }  // namespace
 
 RemoteError::RemoteError(std::string type_name, std::string message, pid_t worker_pid)
-    : Error("forkpool: worker " + std::to_string(worker_pid) + " raised " + type_name + ": " + message),
-      type_name_(std::move(type_name)), message_(std::move(message)), worker_pid_(worker_pid) {}
+    : RaisedInWorker("forkpool: worker " + std::to_string(worker_pid) + " raised " + type_name + ": " + message,
+                     type_name, message, worker_pid) {}
 
 InitializerError::InitializerError(std::string type_name, std::string message, pid_t worker_pid)
-    : Error("forkpool: the pool's initializer raised " + type_name + ": " + message + " (in worker " +
-            std::to_string(worker_pid) + ")"),
-      type_name_(std::move(type_name)), message_(std::move(message)), worker_pid_(worker_pid) {}
+    : RaisedInWorker("forkpool: the pool's initializer raised " + type_name + ": " + message + " (in worker " +
+                         std::to_string(worker_pid) + ")",
+                     type_name, message, worker_pid) {}
 
 WorkerLost::WorkerLost(pid_t pid, int exit_code, int signal)
     : Error("forkpool: worker " + std::to_string(pid) + " died while running the task (" +

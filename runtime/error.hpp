@@ -13,33 +13,36 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// The task threw in the worker. what() says all three: "forkpool: worker 123 raised
-// std::runtime_error: bad input"; message() is the remote what() alone.
-class RemoteError : public Error {
+namespace detail {
+// What RemoteError and InitializerError share: an exception raised in a worker, as text.
+class RaisedInWorker : public Error {
  public:
-  RemoteError(std::string type_name, std::string message, pid_t worker_pid);
   const std::string& type_name() const noexcept { return type_name_; }
   const std::string& message() const noexcept { return message_; }
   pid_t worker_pid() const noexcept { return worker_pid_; }
+
+ protected:
+  RaisedInWorker(const std::string& what, const std::string& type_name, const std::string& message, pid_t worker_pid)
+      : Error(what), type_name_(type_name), message_(message), worker_pid_(worker_pid) {}
 
  private:
   std::string type_name_;
   std::string message_;
   pid_t worker_pid_;
 };
+}  // namespace detail
+
+// The task threw in the worker. what() says all three: "forkpool: worker 123 raised
+// std::runtime_error: bad input"; message() is the remote what() alone.
+class RemoteError : public detail::RaisedInWorker {
+ public:
+  RemoteError(std::string type_name, std::string message, pid_t worker_pid);
+};
 
 // The pool's initializer threw in a worker: its type and message, as RemoteError gives them.
-class InitializerError : public Error {
+class InitializerError : public detail::RaisedInWorker {
  public:
   InitializerError(std::string type_name, std::string message, pid_t worker_pid);
-  const std::string& type_name() const noexcept { return type_name_; }
-  const std::string& message() const noexcept { return message_; }
-  pid_t worker_pid() const noexcept { return worker_pid_; }
-
- private:
-  std::string type_name_;
-  std::string message_;
-  pid_t worker_pid_;
 };
 
 // The worker running the task died. Exactly one of exit_code() and signal() is meaningful:

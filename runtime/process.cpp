@@ -1,6 +1,7 @@
 #include <forkpool/runtime/internal/process.hpp>
 
 #include <dirent.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -78,6 +79,14 @@ void set_cmdline(const std::string& name) noexcept {
 }
 
 }  // namespace
+
+pid_t current_pid() noexcept {
+  static pid_t cached = [] {
+    pthread_atfork(nullptr, nullptr, [] { cached = getpid(); });
+    return getpid();
+  }();
+  return cached;
+}
 
 UniqueFd open_pidfd(pid_t pid) {
   int fd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));

@@ -19,7 +19,10 @@
 // Function addresses are valid in the worker because it is a fork of the parent's image.
 
 #include <atomic>
+#include <sys/types.h>
+
 #include <cstdint>
+#include <exception>
 #include <cstring>
 #include <functional>
 #include <iterator>
@@ -192,6 +195,15 @@ struct TaskCall {
 // Reads `task`: maps the storages it lends that are new here (into `borrowed`) and returns the
 // call. Throws ProtocolError when the message is malformed.
 TaskCall read_task(Message& task, BorrowedStorages& borrowed);
+
+// The payload of an error message: the type name and message of the exception being handled
+// (encode), and back into exception E (decode; ProtocolError when malformed).
+Writer encode_current_exception();
+template <class E>
+std::exception_ptr decode_exception(std::span<const std::byte> payload, pid_t worker_pid) {
+  auto [type, text] = decode<std::pair<std::string, std::string>>(payload);
+  return std::make_exception_ptr(E(std::move(type), std::move(text), worker_pid));
+}
 
 // A result message starts with its number of results, which must be the chunk's size.
 void expect_result_count(Reader& results, std::size_t expected);

@@ -16,6 +16,9 @@ struct ExitStatus {
   int signal = 0;
 };
 
+// getpid() without a system call: cached, and refreshed in every forked child.
+pid_t current_pid() noexcept;
+
 // A pidfd for `pid`, close-on-exec. Throws std::system_error.
 UniqueFd open_pidfd(pid_t pid);
 
