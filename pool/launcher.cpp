@@ -1,12 +1,16 @@
 #include <forkpool/pool/internal/launcher.hpp>
 
+#include <poll.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-
+#include <algorithm>
 #include <csignal>
-#include <unordered_map>
 #include <cstdio>
+#include <map>
+#include <optional>
+#include <set>
+#include <system_error>
 
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/internal/errno.hpp>
@@ -38,39 +42,111 @@ class ForkLauncher final : public Launcher {
   WorkerSpec spec_;
 };
 
-// The zygote's requests and replies.
-enum ZygoteRequest : std::uint16_t { kSpawnRequest = 1, kReapRequest = 2 };
+// The fork server's requests. A reply carries its request's kind and id.
+enum ZygoteRequest : std::uint16_t {
+  kSpawnRequest = 1,   // int index + the worker's channel end -> int64 pid (or -errno) + its pidfd
+  kReapRequest = 2,    // int64 pid -> (exit code, signal)
+  kForgetRequest = 3,  // the id of a spawn whose reply the parent could not take: kill that worker
+};
+
+// The fork server's children: each is reaped the moment it exits, whatever happens on the
+// parent's side, and its status is kept until the parent asks for it.
+class ZygoteChildren {
+ public:
+  void add(std::uint64_t spawn_id, SpawnedWorker child) {
+    last_spawn_ = {spawn_id, child.pid};
+    running_.emplace(child.pid, std::move(child.pidfd));
+  }
+
+  // The parent never learnt of this worker: it is killed, and its status dropped.
+  void forget(std::uint64_t spawn_id) {
+    if (spawn_id != last_spawn_.first) return;
+    auto it = running_.find(last_spawn_.second);
+    if (it == running_.end()) {
+      exited_.erase(last_spawn_.second);
+      return;
+    }
+    forgotten_.insert(it->first);
+    send_signal(it->second.get(), SIGKILL);
+  }
+
+  ExitStatus take_status(pid_t pid) {
+    if (auto it = exited_.find(pid); it != exited_.end()) {
+      ExitStatus status = it->second;
+      exited_.erase(it);
+      return status;
+    }
+    auto it = running_.find(pid);
+    if (it == running_.end()) return {};  // not ours: unknown
+    ExitStatus status = detail::reap(it->second.get());  // the parent asks once it has exited
+    running_.erase(it);
+    return status;
+  }
+
+  // Waits for the next request on `control`, reaping children as they exit meanwhile.
+  void wait_for_request(int control) {
+    for (;;) {
+      std::vector<pollfd> fds{{control, POLLIN, 0}};
+      for (auto& [pid, pidfd] : running_) fds.push_back({pidfd.get(), POLLIN, 0});
+      if (poll(fds.data(), fds.size(), -1) < 0) {
+        if (errno == EINTR) continue;
+        throw_last_errno("forkpool: fork server: poll");
+      }
+      for (std::size_t i = 1; i < fds.size(); ++i)
+        if (fds[i].revents) reap_exited(fds[i].fd);
+      if (fds[0].revents) return;
+    }
+  }
+
+ private:
+  void reap_exited(int pidfd) {
+    auto it = std::find_if(running_.begin(), running_.end(), [&](auto& entry) { return entry.second.get() == pidfd; });
+    ExitStatus status = detail::reap(pidfd);
+    pid_t pid = it->first;
+    running_.erase(it);
+    if (!forgotten_.erase(pid)) exited_[pid] = status;
+  }
+
+  std::map<pid_t, UniqueFd> running_;  // by pid: its pidfd
+  std::map<pid_t, ExitStatus> exited_;
+  std::set<pid_t> forgotten_;
+  std::pair<std::uint64_t, pid_t> last_spawn_{0, -1};
+};
 
 [[noreturn]] void zygote_main(const WorkerSpec& spec, pid_t parent, UniqueFd control_fd) noexcept {
   int fd = become_helper_process("forkpool-zygote", parent, control_fd.release());
   Channel control{UniqueFd(fd)};
-  std::unordered_map<pid_t, SpawnedWorker> children;
+  ZygoteChildren children;
   try {
     for (;;) {
+      children.wait_for_request(control.fd());
       Message request = control.receive();
       Reader in = request.reader();
       if (request.kind == kSpawnRequest && request.fds.size() == 1) {
         int index = in.read<int>();
-        SpawnedWorker child = fork_worker(spec, index, std::move(request.fds[0]));
-        Writer reply = encode(static_cast<std::int64_t>(child.pid));
-        int pidfd = child.pidfd.get();
-        control.send(kSpawnRequest, request.request_id, reply.bytes(), std::span(&pidfd, 1));
-        children.emplace(child.pid, std::move(child));
-      } else if (request.kind == kReapRequest) {
-        auto pid = static_cast<pid_t>(in.read<std::int64_t>());
-        ExitStatus status;
-        if (auto it = children.find(pid); it != children.end()) {
-          status = detail::reap(it->second.pidfd.get());
-          children.erase(it);
+        std::int64_t pid_or_error;
+        std::optional<SpawnedWorker> child;
+        try {
+          child.emplace(fork_worker(spec, index, std::move(request.fds[0])));
+          pid_or_error = child->pid;
+        } catch (const std::system_error& e) {
+          pid_or_error = -e.code().value();  // a transient EAGAIN fails this start, not the server
         }
-        Writer reply = encode(std::pair<int, int>(status.exit_code, status.signal));
-        control.send(kReapRequest, request.request_id, reply.bytes());
+        int pidfd = child ? child->pidfd.get() : -1;
+        control.send(kSpawnRequest, request.request_id, encode(pid_or_error).bytes(),
+                     child ? std::span(&pidfd, 1) : std::span<const int>());
+        if (child) children.add(request.request_id, std::move(*child));
+      } else if (request.kind == kReapRequest) {
+        ExitStatus status = children.take_status(static_cast<pid_t>(in.read<std::int64_t>()));
+        control.send(kReapRequest, request.request_id, encode(std::pair<int, int>(status.exit_code, status.signal)).bytes());
+      } else if (request.kind == kForgetRequest) {
+        children.forget(in.read<std::uint64_t>());
       } else {
         exit_helper(kExitBadMessage);
       }
     }
   } catch (const ChannelClosed&) {
-    exit_helper(0);
+    exit_helper(0);  // the pool is gone; our children die with us (PR_SET_PDEATHSIG)
   } catch (const std::exception& e) {
     std::fprintf(stderr, "forkpool: fork server: %s\n", e.what());
     exit_helper(kExitBadMessage);
@@ -79,51 +155,92 @@ enum ZygoteRequest : std::uint16_t { kSpawnRequest = 1, kReapRequest = 2 };
 
 class ForkServerLauncher final : public Launcher {
  public:
-  explicit ForkServerLauncher(WorkerSpec spec) {
+  explicit ForkServerLauncher(WorkerSpec spec) : spec_(std::move(spec)) { start_zygote(); }
+
+  ~ForkServerLauncher() override { stop_zygote(); }
+
+  // A fork server that died (killed, say) is replaced once per start; if the new one cannot be
+  // started either, the start fails with an Error.
+  SpawnedWorker spawn(int index, UniqueFd channel) override {
+    try {
+      return spawn_through_zygote(index, channel.get());
+    } catch (const ChannelClosed&) {
+    }
+    try {
+      stop_zygote();
+      start_zygote();
+      return spawn_through_zygote(index, channel.get());
+    } catch (const ChannelClosed&) {
+      throw Error("forkpool: the fork server died, and so did the one started to replace it");
+    } catch (const std::system_error& e) {
+      throw Error(std::string("forkpool: the fork server died and cannot be replaced: ") + e.what());
+    }
+  }
+
+  ExitStatus reap(const SpawnedWorker& worker) override {
+    try {
+      Message reply = call(kReapRequest, encode(static_cast<std::int64_t>(worker.pid)), {});
+      auto [code, signal] = decode<std::pair<int, int>>(reply.payload.bytes());
+      return {code, signal};
+    } catch (const ChannelClosed&) {
+      return {};  // its fork server is gone, and with it the status
+    }
+  }
+
+ private:
+  void start_zygote() {
     auto [ours, theirs] = Channel::make_pair();
     pid_t parent = getpid();
     pid_t pid = fork_flushed();
     if (pid < 0) throw_last_errno("forkpool: fork (fork server)");
     if (pid == 0) {
       ours.release().reset();
-      zygote_main(spec, parent, theirs.release());
+      zygote_main(spec_, parent, theirs.release());
     }
     zygote_ = {pid, open_pidfd(pid)};
     control_.emplace(ours.release());
   }
 
-  ~ForkServerLauncher() override {
+  void stop_zygote() {
+    control_.reset();
+    if (!zygote_.pidfd) return;
     send_signal(zygote_.pidfd.get(), SIGKILL);
     detail::reap(zygote_.pidfd.get());
+    zygote_ = {};
   }
 
-  SpawnedWorker spawn(int index, UniqueFd channel) override {
-    int fd = channel.get();
-    Message reply = call(kSpawnRequest, encode(index), std::span(&fd, 1));
-    if (reply.fds.size() != 1) throw ProtocolError("forkpool: fork server replied without a pidfd");
-    auto pid = static_cast<pid_t>(decode<std::int64_t>(reply.payload.bytes()));
-    return {pid, std::move(reply.fds[0])};
-  }
-
-  ExitStatus reap(const SpawnedWorker& worker) override {
-    Message reply = call(kReapRequest, encode(static_cast<std::int64_t>(worker.pid)), {});
-    auto [code, signal] = decode<std::pair<int, int>>(reply.payload.bytes());
-    return {code, signal};
-  }
-
- private:
-  // One blocking round trip: the fork server answers at once.
-  Message call(ZygoteRequest kind, const Writer& request, std::span<const int> fds) {
+  SpawnedWorker spawn_through_zygote(int index, int channel_fd) {
+    Message reply;
     try {
-      control_->send(kind, ++next_id_, request.bytes(), fds);
-      Message reply = control_->receive();
-      if (reply.kind != kind || reply.request_id != next_id_) throw ProtocolError("forkpool: fork server replied out of turn");
-      return reply;
-    } catch (const ChannelClosed&) {
-      throw Error("forkpool: the fork server is gone");
+      reply = call(kSpawnRequest, encode(index), std::span(&channel_fd, 1));
+    } catch (const ProtocolError&) {
+      // Most likely our descriptor table is full and the pidfd was lost on the way (MSG_CTRUNC):
+      // the worker must not run unwatched.
+      std::uint64_t spawn_id = next_id_;
+      try {
+        control_->send(kForgetRequest, ++next_id_, encode(spawn_id).bytes());
+      } catch (const std::exception&) {
+        // The fork server is gone too, and its children with it.
+      }
+      throw;
     }
+    auto pid = decode<std::int64_t>(reply.payload.bytes());
+    if (pid < 0) throw std::system_error(static_cast<int>(-pid), std::generic_category(), "forkpool: fork (in the fork server)");
+    if (reply.fds.size() != 1) throw ProtocolError("forkpool: the fork server replied without a pidfd");
+    return {static_cast<pid_t>(pid), std::move(reply.fds[0])};
   }
 
+  // One blocking round trip: the fork server answers at once. Throws ChannelClosed when the
+  // fork server is gone.
+  Message call(ZygoteRequest kind, const Writer& request, std::span<const int> fds) {
+    if (!control_) throw ChannelClosed("forkpool: no fork server");
+    control_->send(kind, ++next_id_, request.bytes(), fds);
+    Message reply = control_->receive();
+    if (reply.kind != kind || reply.request_id != next_id_) throw ProtocolError("forkpool: the fork server replied out of turn");
+    return reply;
+  }
+
+  WorkerSpec spec_;
   SpawnedWorker zygote_;
   std::optional<Channel> control_;
   std::uint64_t next_id_ = 0;

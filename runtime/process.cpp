@@ -127,6 +127,10 @@ int become_helper_process(const std::string& name, pid_t expected_parent, int ke
   default_action.sa_handler = SIG_DFL;
   for (int sig = 1; sig < NSIG; ++sig)
     if (sig != SIGKILL && sig != SIGSTOP) sigaction(sig, &default_action, nullptr);
+  // Ctrl-C and Ctrl-\ reach the terminal's whole process group: they are the parent's to handle
+  // (with its own handler, say), and its helpers live and die with it.
+  signal(SIGINT, SIG_IGN);
+  signal(SIGQUIT, SIG_IGN);
 
   constexpr int kChannelFd = 3;
   if (keep != kChannelFd) {

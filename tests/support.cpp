@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -27,14 +28,44 @@ long rss_kib() {
   return -1;
 }
 
-bool process_alive(pid_t pid) {
+char process_state(pid_t pid) {
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
   std::string text;
-  if (!std::getline(stat, text)) return false;
+  if (!std::getline(stat, text)) return '?';
   auto close_paren = text.rfind(')');
-  if (close_paren == std::string::npos || close_paren + 2 >= text.size()) return false;
-  char state = text[close_paren + 2];
-  return state != 'Z' && state != 'X';
+  if (close_paren == std::string::npos || close_paren + 2 >= text.size()) return '?';
+  return text[close_paren + 2];
+}
+
+bool process_alive(pid_t pid) {
+  char state = process_state(pid);
+  return state != '?' && state != 'Z' && state != 'X';
+}
+
+std::vector<pid_t> children_of(pid_t pid) {
+  std::vector<pid_t> children;
+  std::string tasks = "/proc/" + std::to_string(pid) + "/task";
+  std::error_code error;
+  for (const auto& task : std::filesystem::directory_iterator(tasks, error)) {
+    std::ifstream list(task.path() / "children");
+    pid_t child;
+    while (list >> child) children.push_back(child);
+  }
+  return children;
+}
+
+std::string process_name(pid_t pid) {
+  std::ifstream comm("/proc/" + std::to_string(pid) + "/comm");
+  std::string name;
+  std::getline(comm, name);
+  return name;
+}
+
+std::vector<pid_t> children_named(const std::string& name) {
+  std::vector<pid_t> named;
+  for (pid_t child : children_of(getpid()))
+    if (process_name(child) == name) named.push_back(child);
+  return named;
 }
 
 int run_in_child(const std::function<void()>& body) {

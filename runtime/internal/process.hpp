@@ -36,7 +36,8 @@ void set_process_name(const std::string& name) noexcept;
 
 // Makes the calling (freshly forked) process a well-behaved helper of `expected_parent`:
 // dies with it (PR_SET_PDEATHSIG, and exits at once if it is already gone), default signal
-// dispositions and an empty mask, named `name` (comm and cmdline), and no descriptors open but
+// dispositions but SIGINT and SIGQUIT ignored (the terminal's, sent to the whole process group,
+// are the parent's to handle), an empty mask, named `name` (comm and cmdline), and no descriptors open but
 // stdio and `keep`, which ends up as descriptor 3. Returns 3.
 int become_helper_process(const std::string& name, pid_t expected_parent, int keep) noexcept;
 
