@@ -22,6 +22,7 @@
 #include <forkpool/runtime/internal/io.hpp>
 #include <forkpool/runtime/internal/loop_internals.hpp>
 #include <forkpool/runtime/scope.hpp>
+#include <forkpool/shm/internal/name_tracker.hpp>
 
 namespace forkpool::detail {
 namespace {
@@ -165,6 +166,11 @@ PoolCoreImpl::PoolCoreImpl(PoolOptions options)
 }
 
 void PoolCoreImpl::start_workers() {
+  try {
+    start_name_tracker();  // one per process tree: the workers must inherit ours
+  } catch (const std::system_error&) {
+    // Only file_system tensors need it; making one reports why it cannot be started.
+  }
   launcher_ = make_launcher(options_);
   for (int i = 0; i < processes_; ++i) start_worker();
 }

@@ -10,6 +10,7 @@
 #include <forkpool/ipc/internal/mapping.hpp>
 #include <forkpool/ipc/internal/memfd.hpp>
 #include <forkpool/pool/internal/loans.hpp>
+#include <forkpool/shm/internal/storage.hpp>
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/internal/process.hpp>
 #include <forkpool/pool/internal/task_message.hpp>
@@ -46,6 +47,7 @@ Mapping receive_running_slot(Channel& channel) {
 void worker_main(const WorkerSpec& spec, int index, pid_t parent, UniqueFd channel_fd) noexcept {
   int fd = become_helper_process("forkpool-worker-" + std::to_string(index), parent, channel_fd.release());
   Channel channel{UniqueFd(fd)};
+  Storage::forget_inherited();
   int served = 0;
   BorrowedStorages borrowed;  // storages the parent lent, mapped until it releases them
   try {

@@ -6,15 +6,18 @@
 #include <unistd.h>
 
 #include <poll.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <cstdio>
 #include <map>
 #include <mutex>
 #include <set>
 #include <string>
+#include <string_view>
 
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/internal/inherited_fds.hpp>
@@ -33,23 +36,21 @@ constexpr auto kGrace = std::chrono::milliseconds(500);
 
 class TrackerState {
  public:
-  void apply(const std::string& line) {
-    // "+<pid> <name>" or "-<pid> <name>"
-    auto space = line.find(' ');
-    if (line.size() < 4 || space == std::string::npos) return;
-    pid_t pid = static_cast<pid_t>(std::atol(line.c_str() + 1));
-    std::string name = line.substr(space + 1);
-    if (pid <= 0 || name.empty() || name.find('/') != std::string::npos) return;
-    if (line[0] == '+') {
+  // One message: '+' or '-' and a segment name, from the process `pid` (the kernel's word for
+  // it, SCM_CREDENTIALS). Anything else is dropped: a task may write junk to our socket, and it
+  // must not spoil anybody else's message.
+  void apply(pid_t pid, std::string_view message) {
+    if (message.size() < 2 || (message[0] != '+' && message[0] != '-')) return;
+    std::string name(message.substr(1));
+    if (!is_segment_name(name)) return;
+    if (message[0] == '+') {
       seen_.insert(name);
       holders_[name].insert(pid);
       doomed_.erase(name);
       watch(pid);
-    } else if (line[0] == '-') {
-      if (auto it = holders_.find(name); it != holders_.end()) {
-        it->second.erase(pid);
-        if (it->second.empty()) holders_.erase(it);  // let go normally: its last holder unlinked it
-      }
+    } else if (auto it = holders_.find(name); it != holders_.end()) {
+      it->second.erase(pid);
+      if (it->second.empty()) holders_.erase(it);  // let go normally: its last holder unlinked it
     }
   }
 
@@ -109,18 +110,54 @@ class TrackerState {
   std::map<pid_t, UniqueFd> watched_;
 };
 
-[[noreturn]] void tracker_main(int read_end) {
+// Receives one message and who sent it. False at end-of-file: every process that could send
+// (the whole tree) is gone.
+bool receive_message(int socket, std::string& message, pid_t& sender) {
+  char buffer[512];
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(ucred))];
+  for (;;) {
+    iovec iov{buffer, sizeof buffer};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    ssize_t n = recvmsg(socket, &msg, MSG_CMSG_CLOEXEC);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) return true;  // nothing after all
+    if (n <= 0) return false;
+    sender = 0;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_CREDENTIALS) {
+        ucred credentials;
+        std::memcpy(&credentials, CMSG_DATA(c), sizeof credentials);
+        sender = credentials.pid;
+      } else if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+        // Descriptors nobody should send us: closed unread.
+        std::size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (std::size_t i = 0; i < count; ++i) {
+          int fd;
+          std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+          close(fd);
+        }
+      }
+    }
+    message.assign(buffer, (msg.msg_flags & MSG_TRUNC) ? 0 : static_cast<std::size_t>(n));
+    return true;
+  }
+}
+
+[[noreturn]] void tracker_main(int socket) {
   // Ctrl-C in the terminal must not take the tracker with the program: it cleans up after it.
   signal(SIGINT, SIG_IGN);
   signal(SIGTERM, SIG_IGN);
   signal(SIGHUP, SIG_IGN);
   prctl(PR_SET_NAME, "forkpool-shm");
-  close_descriptors_from(3, {read_end});
+  close_descriptors_from(3, {socket});
   TrackerState state;
-  std::string pending;
-  char buffer[4096];
+  std::string message;
   for (;;) {
-    std::vector<pollfd> fds{{read_end, POLLIN, 0}};
+    std::vector<pollfd> fds{{socket, POLLIN, 0}};
     std::vector<pid_t> pids;
     for (auto& [pid, pidfd] : state.watched())
       if (pidfd) {
@@ -132,11 +169,9 @@ class TrackerState {
     for (std::size_t i = 1; i < fds.size(); ++i)
       if (fds[i].revents) state.on_death(pids[i - 1]);
     if (fds[0].revents) {
-      ssize_t n = read(read_end, buffer, sizeof buffer);
-      if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) break;  // the whole tree is gone
-      if (n > 0) pending.append(buffer, static_cast<std::size_t>(n));
-      for (std::size_t newline; (newline = pending.find('\n')) != std::string::npos; pending.erase(0, newline + 1))
-        state.apply(pending.substr(0, newline));
+      pid_t sender = 0;
+      if (!receive_message(socket, message, sender)) break;  // the whole tree is gone
+      if (sender > 0) state.apply(sender, message);
     }
     state.unlink_due();
   }
@@ -152,32 +187,38 @@ class Tracker {
   }
 
   void send(char op, const std::string& name) {
-    // Shorter than PIPE_BUF: written whole, never interleaved with another process's line.
-    std::string line = op + std::to_string(getpid()) + " " + name + "\n";
-    [[maybe_unused]] ssize_t ignored = write(write_end_, line.data(), line.size());
+    // One datagram each: never mixed with another process's, and the kernel says who sent it.
+    std::string message = op + name;
+    while (::send(socket_, message.data(), message.size(), MSG_NOSIGNAL) < 0 && errno == EINTR) {
+    }
   }
 
  private:
   Tracker() {
-    int fds[2];
-    if (pipe2(fds, O_CLOEXEC) != 0) throw_last_errno("forkpool: name tracker pipe");
+    int ends[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ends) != 0)
+      throw_last_errno("forkpool: name tracker socket");
+    UniqueFd tracker_end(ends[0]), our_end(ends[1]);
+    int on = 1;
+    if (setsockopt(tracker_end.get(), SOL_SOCKET, SO_PASSCRED, &on, sizeof on) != 0)
+      throw_last_errno("forkpool: name tracker credentials");
     pid_t pid = fork_flushed();
     if (pid < 0) throw_last_errno("forkpool: fork (name tracker)");
     if (pid == 0) {
-      close(fds[1]);
-      tracker_main(fds[0]);
+      our_end.reset();
+      tracker_main(tracker_end.release());
     }
-    close(fds[0]);
-    write_end_ = fcntl(fds[1], F_DUPFD_CLOEXEC, kTrackerFdFloor);
-    close(fds[1]);
-    if (write_end_ < 0) throw_last_errno("forkpool: name tracker descriptor");
-    keep_in_helpers(write_end_);
+    socket_ = fcntl(our_end.get(), F_DUPFD_CLOEXEC, kTrackerFdFloor);
+    if (socket_ < 0) throw_last_errno("forkpool: name tracker descriptor");
+    keep_in_helpers(socket_);
   }
 
-  int write_end_ = -1;  // open for the life of the process (and of its helpers)
+  int socket_ = -1;  // open for the life of the process (and of its helpers)
 };
 
 }  // namespace
+
+void start_name_tracker() { Tracker::instance(); }
 
 void track_segment_name(const std::string& name) { Tracker::instance().send('+', name); }
 void untrack_segment_name(const std::string& name) { Tracker::instance().send('-', name); }

@@ -13,6 +13,7 @@
 #include <random>
 #include <unordered_map>
 #include <string>
+#include <system_error>
 
 #include <forkpool/ipc/internal/memfd.hpp>
 #include <forkpool/runtime/error.hpp>
@@ -29,7 +30,6 @@ struct SegmentHeader {
 };
 static_assert(sizeof(SegmentHeader) == 64);
 constexpr std::size_t kSegmentDataOffset = sizeof(SegmentHeader);
-constexpr const char* kSegmentPrefix = "forkpool-";
 
 struct InodeKey {
   dev_t device;
@@ -63,7 +63,7 @@ std::string random_segment_name() {
   auto bits = (static_cast<unsigned long long>(entropy()) << 32) | entropy();
   char suffix[17];
   std::snprintf(suffix, sizeof suffix, "%016llx", bits);
-  return std::string(kSegmentPrefix) + std::to_string(getpid()) + "-" + suffix;
+  return std::string(detail::kSegmentPrefix) + std::to_string(getpid()) + "-" + suffix;
 }
 
 struct stat stat_of(int fd, const char* what) {
@@ -79,6 +79,38 @@ Storage::Storage() {
   id_ = ++next_id;
 }
 
+void Storage::allocate_named(Storage& storage, std::size_t bytes) {
+  detail::start_name_tracker();  // first: no segment is made that no tracker would clean up
+  for (int attempt = 0; !storage.fd_; ++attempt) {
+    storage.name_ = random_segment_name();
+    int fd = open(detail::segment_path(storage.name_).c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd >= 0) storage.fd_.reset(fd);
+    else if (errno != EEXIST || attempt > 8) detail::throw_last_errno("forkpool: creating a /dev/shm segment");
+  }
+  try {
+    detail::track_segment_name(storage.name_);
+    // Reserved now, or an exception now: a sparse segment larger than /dev/shm's free space
+    // would "succeed" here and SIGBUS on first touch.
+    std::size_t total = kSegmentDataOffset + bytes;
+    if (int error = posix_fallocate(storage.fd_.get(), 0, static_cast<off_t>(total)); error != 0)
+      throw std::system_error(error, std::generic_category(),
+                              "forkpool: reserving " + std::to_string(total) + " bytes in /dev/shm");
+    storage.mapping_ = Mapping::map(storage.fd_.get(), total, PROT_READ | PROT_WRITE);
+  } catch (...) {
+    unlink(detail::segment_path(storage.name_).c_str());
+    detail::untrack_segment_name(storage.name_);
+    throw;
+  }
+  storage.kind_ = Kind::named;
+  storage.data_ = storage.mapping_.data() + kSegmentDataOffset;
+  storage.holders()->store(1);
+}
+
+bool Storage::segment_intact() const noexcept {
+  struct stat st {};
+  return mapping_.data() != nullptr && fstat(fd_.get(), &st) == 0 && static_cast<std::size_t>(st.st_size) >= mapping_.size();
+}
+
 std::shared_ptr<Storage> Storage::allocate(std::size_t bytes) {
   std::shared_ptr<Storage> storage(new Storage());
   if (get_sharing_strategy() == SharingStrategy::file_descriptor) {
@@ -87,19 +119,7 @@ std::shared_ptr<Storage> Storage::allocate(std::size_t bytes) {
     storage->mapping_ = Mapping::map(storage->fd_.get(), bytes, PROT_READ | PROT_WRITE);
     storage->data_ = storage->mapping_.data();
   } else {
-    storage->kind_ = Kind::named;
-    for (int attempt = 0; !storage->fd_; ++attempt) {
-      storage->name_ = random_segment_name();
-      int fd = open(detail::segment_path(storage->name_).c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-      if (fd >= 0) storage->fd_.reset(fd);
-      else if (errno != EEXIST || attempt > 8) detail::throw_last_errno("forkpool: creating a /dev/shm segment");
-    }
-    detail::track_segment_name(storage->name_);
-    if (ftruncate(storage->fd_.get(), static_cast<off_t>(kSegmentDataOffset + bytes)) < 0)
-      detail::throw_last_errno("forkpool: sizing a /dev/shm segment");
-    storage->mapping_ = Mapping::map(storage->fd_.get(), kSegmentDataOffset + bytes, PROT_READ | PROT_WRITE);
-    storage->data_ = storage->mapping_.data() + kSegmentDataOffset;
-    storage->holders()->store(1);
+    allocate_named(*storage, bytes);
   }
   storage->size_ = bytes;
   struct stat st = stat_of(storage->fd_.get(), "forkpool: new storage");
@@ -134,7 +154,7 @@ std::shared_ptr<Storage> Storage::adopt_memfd(UniqueFd fd, std::size_t min_bytes
 }
 
 std::shared_ptr<Storage> Storage::adopt_named(const std::string& name, std::size_t min_bytes) {
-  if (name.rfind(kSegmentPrefix, 0) != 0 || name.find('/') != std::string::npos || name.size() > 200)
+  if (!detail::is_segment_name(name))
     throw ProtocolError("forkpool: \"" + name + "\" is not a forkpool segment name");
   UniqueFd fd(open(detail::segment_path(name).c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW));
   if (!fd) throw ProtocolError("forkpool: cannot open segment " + name + ": " + strerror(errno));
@@ -169,7 +189,9 @@ Storage::~Storage() {
     auto it = cache.by_inode.find(InodeKey{device_, inode_});
     if (it != cache.by_inode.end() && it->second.expired()) cache.by_inode.erase(it);
   }
-  if (kind_ == Kind::named && holders()->fetch_sub(1) == 1) {
+  // A segment another process shrank would fault where we touch its header: it is unlinked
+  // instead, and nobody can count on it any more.
+  if (kind_ == Kind::named && (!segment_intact() || holders()->fetch_sub(1) == 1)) {
     // The last holder anywhere: the name is no longer needed by any process. (Otherwise a
     // message may still carry it: this process stays registered, so that its death dooms the
     // name unless a receiver registers in time.)
@@ -186,11 +208,19 @@ void Storage::notify_on_release(const std::shared_ptr<StorageReleaseListener>& l
 }
 
 void Storage::add_message_reference() {
-  if (kind_ == Kind::named) holders()->fetch_add(1);
+  if (kind_ != Kind::named) return;
+  if (!segment_intact()) throw Error("forkpool: segment " + name_ + " was shrunk by another process: it cannot be sent");
+  holders()->fetch_add(1);
 }
 
 std::atomic<std::int64_t>* Storage::holders() const noexcept {
   return &reinterpret_cast<SegmentHeader*>(mapping_.data())->holders;
+}
+
+void Storage::forget_inherited() noexcept {
+  auto& cache = MappedStorages::instance();
+  std::lock_guard lock(cache.mutex);
+  cache.by_inode.clear();  // only weak references: the parent's storages are left as they are
 }
 
 std::shared_ptr<Storage> Storage::cached(dev_t device, ino_t inode) {

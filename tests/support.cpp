@@ -4,7 +4,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <gtest/gtest.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -79,6 +82,26 @@ int run_in_child(const std::function<void()>& body) {
       code = 1;
     }
     _exit(code);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return status;
+}
+
+namespace {
+constexpr const char* kFreshProcessVariable = "FORKPOOL_TEST_FRESH_PROCESS";
+}
+
+bool in_fresh_process() { return std::getenv(kFreshProcessVariable) != nullptr; }
+
+int rerun_in_fresh_process() {
+  const testing::TestInfo* test = testing::UnitTest::GetInstance()->current_test_info();
+  std::string filter = std::string("--gtest_filter=") + test->test_suite_name() + "." + test->name();
+  pid_t pid = fork();
+  if (pid == 0) {
+    setenv(kFreshProcessVariable, "1", 1);
+    execl("/proc/self/exe", "fresh-process", filter.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
   }
   int status = 0;
   waitpid(pid, &status, 0);

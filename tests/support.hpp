@@ -32,4 +32,10 @@ std::vector<pid_t> children_named(const std::string& name);
 // exits 0 if `body` returns normally, 1 if it throws.
 int run_in_child(const std::function<void()>& body);
 
+// Runs the current test again, alone, in a new process (this executable exec'd: nothing that
+// earlier tests started is there), and returns its exit status as waitpid() reports it. In that
+// process `in_fresh_process()` is true. For tests about what a process starts once.
+int rerun_in_fresh_process();
+bool in_fresh_process();
+
 }  // namespace forkpool::test_support

@@ -42,6 +42,11 @@ class Storage {
   // Takes over the reference the sender added for its message (see add_message_reference).
   static std::shared_ptr<Storage> adopt_named(const std::string& name, std::size_t min_bytes);
 
+  // In a helper process that closed the descriptors it inherited: the storages its parent
+  // mapped before the fork are not reused (their descriptors are gone; a storage received again
+  // is mapped afresh).
+  static void forget_inherited() noexcept;
+
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -59,7 +64,7 @@ class Storage {
   // file_system storage: the segment's name under /dev/shm.
   const std::string& name() const noexcept { return name_; }
   // file_system: counts one more holder for a message about to carry the name; the receiver
-  // takes it over. The segment's name is unlinked when its count of holders reaches zero.
+  // takes it over. Throws Error if another process truncated the segment. The segment's name is unlinked when its count of holders reaches zero.
   void add_message_reference();
   // `listener` is told when this storage is released here (unless it is gone by then).
   void notify_on_release(const std::shared_ptr<StorageReleaseListener>& listener);
@@ -69,6 +74,9 @@ class Storage {
   Storage();
   static std::shared_ptr<Storage> cached(dev_t device, ino_t inode);
   static void remember(const std::shared_ptr<Storage>& storage, dev_t device, ino_t inode);
+  static void allocate_named(Storage& storage, std::size_t bytes);
+  // file_system: the segment is still as long as our mapping (no other process truncated it).
+  bool segment_intact() const noexcept;
   std::atomic<std::int64_t>* holders() const noexcept;
 
   Kind kind_ = Kind::memfd;

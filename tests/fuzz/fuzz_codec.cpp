@@ -32,8 +32,8 @@ void try_decode(std::span<const std::byte> bytes) {
 // A worker's reply as the parent decodes it: it may name storages the job lent (this one, id 1
 // in a fresh process) by id alone.
 void try_decode_reply(std::span<const std::byte> bytes) {
-  static fp::MessageLoan* loan = [] {
-    auto* made = new fp::MessageLoan();
+  static fp::detail::MessageLoan* loan = [] {
+    auto* made = new fp::detail::MessageLoan();
     made->lend(fp::Tensor::zeros({64}, fp::DType::f32).storage());
     return made;
   }();

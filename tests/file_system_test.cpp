@@ -1,0 +1,179 @@
+// The file_system sharing strategy under pressure: one /dev/shm name tracker per process tree,
+// junk on its socket, a full /dev/shm, a segment truncated behind our back, a full descriptor
+// table. Nothing may crash the parent or leave a segment behind.
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/statvfs.h>
+#include <sys/wait.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <forkpool/pool/pool.hpp>
+#include <forkpool/shm/sharing.hpp>
+#include <forkpool/shm/tensor.hpp>
+#include <forkpool/shm/tensor_codec.hpp>
+#include "support.hpp"
+
+namespace forkpool {
+namespace {
+
+using namespace std::chrono_literals;
+using test_support::children_named;
+using test_support::in_fresh_process;
+using test_support::rerun_in_fresh_process;
+using test_support::run_in_child;
+
+template <class F>
+bool eventually(F condition, std::chrono::milliseconds limit = 3s) {
+  for (auto deadline = std::chrono::steady_clock::now() + limit; std::chrono::steady_clock::now() < deadline;) {
+    if (condition()) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return condition();
+}
+
+bool segment_exists(const std::string& name) { return std::filesystem::exists("/dev/shm/" + name); }
+
+// This process's segments in /dev/shm.
+int own_segment_count() {
+  std::string prefix = "forkpool-" + std::to_string(getpid()) + "-";
+  int count = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm"))
+    if (entry.path().filename().string().rfind(prefix, 0) == 0) ++count;
+  return count;
+}
+
+Tensor iota_tensor(int n) {
+  Tensor t = Tensor::empty({n}, DType::i32);
+  std::iota(t.data<std::int32_t>(), t.data<std::int32_t>() + n, 0);
+  return t;
+}
+long sum(Tensor t) { return std::accumulate(t.data<std::int32_t>(), t.data<std::int32_t>() + t.numel(), 0L); }
+
+// Writes junk to every descriptor the worker inherited above the ones it was given (64 and up:
+// where forkpool keeps the tracker's socket). Returns how many took it.
+int write_junk_to_inherited_descriptors(int) {
+  int written = 0;
+  for (int fd = 64; fd < 1024; ++fd)
+    if (fcntl(fd, F_GETFD) >= 0 && write(fd, "junk without an end", 19) > 0) ++written;
+  return written;
+}
+
+int truncate_segment(Tensor t) {
+  return ftruncate(t.storage()->fd(), 0);
+}
+
+class FileSystemTest : public ::testing::TestWithParam<StartMethod> {
+ protected:
+  void SetUp() override { set_sharing_strategy(SharingStrategy::file_system); }
+  void TearDown() override { set_sharing_strategy(SharingStrategy::file_descriptor); }
+  PoolOptions options(int processes) { return {.processes = processes, .start_method = GetParam()}; }
+};
+
+TEST_P(FileSystemTest, ATensorAWorkerMadeOutlivesThatWorkerWhenThePoolCameBeforeAnySegment) {
+  if (!in_fresh_process()) {
+    int status = rerun_in_fresh_process();  // a process whose tree has no tracker yet
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 0);
+    return;
+  }
+  ASSERT_TRUE(children_named("forkpool-shm").empty());
+  PoolOptions o = options(1);
+  o.maxtasksperchild = 1;  // the worker that makes the tensor exits after it
+  Pool pool(o);
+  Tensor t = pool.apply_async(iota_tensor, 1000).get();
+  std::string name = t.storage()->name();
+  std::this_thread::sleep_for(700ms);  // past the tracker's grace for names whose holders died
+  ASSERT_TRUE(segment_exists(name)) << name << " was unlinked while the parent holds it";
+  EXPECT_EQ(pool.apply_async(sum, t).get(), 999L * 1000 / 2);
+}
+
+TEST_P(FileSystemTest, JunkATaskWritesToTheTrackerSpoilsNoRegistration) {
+  int names[2];
+  ASSERT_EQ(pipe(names), 0);
+  pid_t child = fork();
+  if (child == 0) {
+    close(names[0]);
+    Tensor before = Tensor::zeros({16}, DType::f32);  // the tracker runs before the pool forks
+    Pool pool(options(1));
+    if (pool.apply_async(write_junk_to_inherited_descriptors, 0).get() < 1) _exit(2);
+    Tensor after = Tensor::zeros({16}, DType::f32);
+    std::string name = after.storage()->name() + "\n";
+    if (write(names[1], name.data(), name.size()) < 0) _exit(3);
+    pause();  // until SIGKILL
+    _exit(4);
+  }
+  close(names[1]);
+  char buffer[256] = {};
+  ssize_t n = read(names[0], buffer, sizeof buffer - 1);
+  close(names[0]);
+  ASSERT_GT(n, 1) << "the child failed before it made its tensor";
+  std::string name(buffer, static_cast<std::size_t>(n - 1));
+  ASSERT_TRUE(segment_exists(name));
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  EXPECT_TRUE(eventually([&] { return !segment_exists(name); })) << name << " outlived its only holder";
+}
+
+TEST_P(FileSystemTest, ASegmentLargerThanDevShmIsAnExceptionAtAllocation) {
+  struct statvfs shm {};
+  ASSERT_EQ(statvfs("/dev/shm", &shm), 0);
+  auto total = static_cast<std::int64_t>(shm.f_blocks * shm.f_frsize);
+  int before = own_segment_count();
+  EXPECT_THROW(Tensor::empty({total + (1 << 20)}, DType::u8), std::system_error);
+  EXPECT_EQ(own_segment_count(), before);
+}
+
+TEST_P(FileSystemTest, ASegmentAWorkerTruncatesCannotCrashTheParent) {
+  int status = run_in_child([&] {
+    Pool pool(options(1));
+    Tensor t = Tensor::zeros({1024}, DType::i32);
+    std::string name = t.storage()->name();
+    if (pool.apply_async(truncate_segment, t).get() != 0) _exit(2);
+    try {
+      pool.apply_async(sum, t).get();
+      _exit(3);  // sent, and summed, a segment that has no bytes
+    } catch (const Error&) {
+    }
+    t = Tensor();  // released: the parent must not touch the shrunk header
+    if (segment_exists(name)) _exit(4);
+    if (pool.apply_async(sum, iota_tensor(10)).get() != 45) _exit(5);
+  });
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+TEST_P(FileSystemTest, AnAllocationWithoutDescriptorsIsAnExceptionAndLeavesNoSegment) {
+  int status = run_in_child([&] {
+    Tensor warm = Tensor::zeros({16}, DType::f32);  // the tracker is running
+    int before = own_segment_count();
+    std::vector<int> fillers;
+    for (int fd; (fd = dup(0)) >= 0;) fillers.push_back(fd);
+    bool threw = false;
+    try {
+      Tensor t = Tensor::zeros({1024}, DType::f32);
+    } catch (const std::system_error&) {
+      threw = true;
+    }
+    for (int fd : fillers) close(fd);
+    if (!threw) _exit(2);
+    if (own_segment_count() != before) _exit(3);
+  });
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(StartMethods, FileSystemTest, ::testing::Values(StartMethod::fork, StartMethod::forkserver),
+                         [](const auto& info) { return info.param == StartMethod::fork ? "fork" : "forkserver"; });
+
+}  // namespace
+}  // namespace forkpool
