@@ -1,6 +1,7 @@
 #include <forkpool/ipc/internal/frame.hpp>
 
 #include <errno.h>
+#include <sys/stat.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -122,6 +123,12 @@ Message FrameReceiver::finish(long result) {
     if (header.payload_size > kMaxPayload) throw fail("payload of " + std::to_string(header.payload_size) + " bytes");
     check_sealed_memfd(fds.front().get(), header.payload_size, "forkpool: payload memfd");
     auto payload_size = static_cast<std::size_t>(header.payload_size);
+    // A payload is written whole by its sender. One with holes (16 real bytes claiming a GiB)
+    // would make us fault in, and decode, memory the sender never paid for.
+    struct stat st {};
+    if (fstat(fds.front().get(), &st) != 0 || static_cast<std::uint64_t>(st.st_blocks) * 512 < payload_size)
+      throw fail("payload memfd of " + std::to_string(payload_size) + " bytes has only " +
+                 std::to_string(static_cast<std::uint64_t>(st.st_blocks) * 512) + " written");
     message.payload = Payload(Mapping::map(fds.front().get(), payload_size, PROT_READ), payload_size);
     fds.erase(fds.begin());
   } else {

@@ -20,7 +20,7 @@ namespace {
 
 SpawnedWorker fork_worker(const WorkerSpec& spec, int index, UniqueFd channel) {
   pid_t parent = getpid();
-  pid_t pid = fork_flushed();
+  pid_t pid = fork_helper();
   if (pid < 0) throw_last_errno("forkpool: fork");
   if (pid == 0) worker_main(spec, index, parent, std::move(channel));
   try {
@@ -191,7 +191,7 @@ class ForkServerLauncher final : public Launcher {
   void start_zygote() {
     auto [ours, theirs] = Channel::make_pair();
     pid_t parent = getpid();
-    pid_t pid = fork_flushed();
+    pid_t pid = fork_helper();
     if (pid < 0) throw_last_errno("forkpool: fork (fork server)");
     if (pid == 0) {
       ours.release().reset();

@@ -51,6 +51,15 @@ pid_t fork_flushed() noexcept {
   return fork();
 }
 
+pid_t fork_helper() noexcept {
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  pid_t pid = fork_flushed();
+  if (pid != 0) pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  return pid;
+}
+
 namespace {
 
 // Overwrites the argument area so that ps shows `name` in full (comm is cut at 15 characters).
@@ -120,17 +129,18 @@ void set_process_name(const std::string& name) noexcept {
 int become_helper_process(const std::string& name, pid_t expected_parent, int keep) noexcept {
   die_with_parent(expected_parent);
 
+  // Ctrl-C and Ctrl-\ reach the terminal's whole process group: they are the parent's to handle
+  // (with its own handler, say), and its helpers live and die with it. Signals stay blocked
+  // (fork_helper) until every disposition is set: none finds the parent's handler or a default.
+  struct sigaction action {};
+  for (int sig = 1; sig < NSIG; ++sig) {
+    if (sig == SIGKILL || sig == SIGSTOP) continue;
+    action.sa_handler = (sig == SIGINT || sig == SIGQUIT) ? SIG_IGN : SIG_DFL;
+    sigaction(sig, &action, nullptr);
+  }
   sigset_t none;
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, nullptr);
-  struct sigaction default_action {};
-  default_action.sa_handler = SIG_DFL;
-  for (int sig = 1; sig < NSIG; ++sig)
-    if (sig != SIGKILL && sig != SIGSTOP) sigaction(sig, &default_action, nullptr);
-  // Ctrl-C and Ctrl-\ reach the terminal's whole process group: they are the parent's to handle
-  // (with its own handler, say), and its helpers live and die with it.
-  signal(SIGINT, SIG_IGN);
-  signal(SIGQUIT, SIG_IGN);
 
   constexpr int kChannelFd = 3;
   if (keep != kChannelFd) {

@@ -152,6 +152,9 @@ bool receive_message(int socket, std::string& message, pid_t& sender) {
   signal(SIGINT, SIG_IGN);
   signal(SIGTERM, SIG_IGN);
   signal(SIGHUP, SIG_IGN);
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);  // blocked since the fork (fork_helper)
   prctl(PR_SET_NAME, "forkpool-shm");
   close_descriptors_from(3, {socket});
   TrackerState state;
@@ -202,7 +205,7 @@ class Tracker {
     int on = 1;
     if (setsockopt(tracker_end.get(), SOL_SOCKET, SO_PASSCRED, &on, sizeof on) != 0)
       throw_last_errno("forkpool: name tracker credentials");
-    pid_t pid = fork_flushed();
+    pid_t pid = fork_helper();
     if (pid < 0) throw_last_errno("forkpool: fork (name tracker)");
     if (pid == 0) {
       our_end.reset();

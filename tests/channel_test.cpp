@@ -164,6 +164,19 @@ TEST(Channel, AShortPayloadMemfdIsAProtocolError) {
   expect_protocol_error(b, "holds 4096 bytes");
 }
 
+TEST(Channel, ASparsePayloadMemfdThatClaimsAGibibyteIsAProtocolErrorAndNothingIsRead) {
+  auto [a, b] = Channel::make_pair();
+  constexpr std::size_t kClaimed = std::size_t{1} << 30;
+  UniqueFd sparse = create_memfd("sparse", kClaimed);  // a hole but for the 16 bytes written
+  ASSERT_EQ(pwrite(sparse.get(), "sixteen bytes!!!", 16, 0), 16);
+  seal_size(sparse.get());
+  FrameHeader h = header(1, kClaimed, kPayloadInMemfd);
+  send_raw(a.fd(), &h, sizeof h, {sparse.get()});
+  long rss_before = test_support::rss_kib();
+  expect_protocol_error(b, "has only 4096 written");
+  EXPECT_LT(test_support::rss_kib() - rss_before, 16 * 1024);
+}
+
 TEST(Channel, APipeInPlaceOfAPayloadMemfdIsAProtocolError) {
   auto [a, b] = Channel::make_pair();
   UniqueFd pipe = pipe_read_end("x");

@@ -49,6 +49,11 @@ inline constexpr int kExitBadMessage = 123;
 // fork(), with stdio flushed first: output buffered in the parent must not be written twice.
 pid_t fork_flushed() noexcept;
 
+// fork_flushed() for a helper process: the child starts with every signal blocked, so that no
+// signal meets the parent's handlers there; it unblocks them once its own dispositions are set
+// (become_helper_process does). The parent's mask is as it was.
+pid_t fork_helper() noexcept;
+
 // Closes every descriptor >= first except those in `keep` (sorted).
 void close_descriptors_from(int first, const std::vector<int>& keep) noexcept;
 
