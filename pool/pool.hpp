@@ -49,12 +49,13 @@ class MapSink final : public JobSink {
 
  public:
   MapSink(std::vector<std::size_t> offsets, std::size_t total, std::shared_ptr<ResultState<std::vector<W>>> state)
-      : offsets_(std::move(offsets)), slots_(total), remaining_(offsets_.size() - 1), state_(std::move(state)) {
+      : offsets_(std::move(offsets)), slots_(total), remaining_(total), state_(std::move(state)) {
     if (remaining_ == 0) state_->set_value({});
   }
 
-  void chunk_done(std::size_t chunk, Reader& results) override {
-    std::size_t begin = offsets_[chunk], size = offsets_[chunk + 1] - begin;
+  void chunk_done(std::size_t chunk, const ElementRange& range, Reader& results) override {
+    if (range.count != offsets_[chunk + 1] - offsets_[chunk]) results.fail("a result for a chunk of another size");
+    std::size_t begin = offsets_[chunk] + range.first, size = range.size();
     expect_result_count(results, size);
     if constexpr (Bitwise<W>) {
       results.read_bytes(slots_.data() + begin, size * sizeof(W));
@@ -62,10 +63,13 @@ class MapSink final : public JobSink {
       for (std::size_t i = 0; i < size; ++i) slots_[begin + i] = results.read<W>();
     }
     results.expect_end();
-    if (--remaining_ == 0) state_->set_value(take_values());
+    remaining_ -= size;
+    if (remaining_ == 0) state_->set_value(take_values());
   }
-  // As Python's map: the first failure is the result; later chunks are ignored.
+  // As Python's map: the first failure is the result; later chunks are ignored, and those not
+  // yet sent are dropped.
   void chunk_failed(std::size_t, std::exception_ptr error) override { state_->set_error(std::move(error)); }
+  bool abandoned() const override { return state_->ready(); }
 
  private:
   std::vector<W> take_values() {
@@ -81,7 +85,7 @@ class MapSink final : public JobSink {
 
   std::vector<std::size_t> offsets_;  // chunk i covers [offsets_[i], offsets_[i + 1])
   std::vector<Slot> slots_;
-  std::size_t remaining_;
+  std::size_t remaining_;  // elements whose results have not arrived
   std::shared_ptr<ResultState<std::vector<W>>> state_;
 };
 
@@ -89,7 +93,7 @@ template <class R>
 class ApplySink final : public JobSink {
  public:
   explicit ApplySink(std::shared_ptr<ResultState<R>> state) : state_(std::move(state)) {}
-  void chunk_done(std::size_t, Reader& results) override {
+  void chunk_done(std::size_t, const ElementRange&, Reader& results) override {
     expect_result_count(results, 1);
     auto value = results.read<NonVoid<R>>();
     results.expect_end();

@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <deque>
 #include <map>
@@ -249,6 +250,10 @@ std::shared_ptr<PoolCoreImpl::Worker> PoolCoreImpl::pick_worker() {
 void PoolCoreImpl::dispatch() {
   if (terminated_) return;
   while (!queue_.empty()) {
+    if (queue_.front()->sink->abandoned()) {
+      queue_.pop_front();  // its map has failed: nobody wants what it would compute
+      continue;
+    }
     std::shared_ptr<Worker> worker = pick_worker();
     if (!worker) break;
     std::shared_ptr<Job> job = std::move(queue_.front());
@@ -274,6 +279,10 @@ Task<void> PoolCoreImpl::send_outbox(std::shared_ptr<Worker> worker) {
   while (!worker->outbox.empty()) {
     auto [id, job] = std::move(worker->outbox.front());
     worker->outbox.pop_front();
+    if (job->sink->abandoned()) {
+      worker->in_flight.erase(id);
+      continue;
+    }
     co_await send(worker, std::move(job), id);
   }
   worker->sending = false;
@@ -282,8 +291,8 @@ Task<void> PoolCoreImpl::send_outbox(std::shared_ptr<Worker> worker) {
 Task<void> PoolCoreImpl::send(std::shared_ptr<Worker> worker, std::shared_ptr<Job> job, std::uint64_t id) {
   send_released(*worker->loans, *worker->release_line);
   // The worker keeps lent storages: only those new to it carry their descriptors.
-  PeerLoans::Handover handover = worker->loans->lend(job->loan);
-  std::vector<int> fds = task_descriptors(handover.fds, job->attachments);
+  PeerLoans::Handover handover = worker->loans->lend(job->root().loan);
+  std::vector<int> fds = task_descriptors(handover.fds, job->root().attachments);
   std::exception_ptr send_error;
   try {
     co_await worker->channel->async_send(kTaskMessage, id, job->payload, fds);
@@ -354,8 +363,8 @@ void PoolCoreImpl::handle_reply(Worker& worker, Message& message) {
   try {
     if (message.kind == kResultMessage) {
       Reader results = message.reader();
-      results.set_context(&job->loan);  // the results may name storages the job lent
-      job->sink->chunk_done(job->chunk, results);
+      results.set_context(&job->root().loan);  // the results may name storages the job lent
+      job->sink->chunk_done(job->chunk, job->range, results);
       initializer_failures_ = 0;  // a worker that serves proves the initializer can succeed
     } else if (message.kind == kErrorMessage) {
       job->sink->chunk_failed(job->chunk, decode_exception<RemoteError>(message.payload.bytes(), worker.process.pid));
@@ -395,19 +404,30 @@ void PoolCoreImpl::on_worker_gone(const std::shared_ptr<Worker>& worker) {
 
   // Only jobs the worker took up ran; the others never started and go back to the front of the
   // queue, in order, at no cost to their retries (RunningSlot).
-  std::uint64_t last_taken = reinterpret_cast<RunningSlot*>(worker->running_slot.data())->request_id.load();
+  auto& slot = *reinterpret_cast<RunningSlot*>(worker->running_slot.data());
+  std::uint64_t last_taken = slot.request_id.load();
   std::vector<std::pair<std::shared_ptr<Job>, std::exception_ptr>> failed;
   std::deque<std::shared_ptr<Job>> requeued;
   for (auto& [id, job] : worker->in_flight) {
     if (terminated_) {
       failed.emplace_back(job, std::make_exception_ptr(PoolTerminated()));
-    } else if (id > last_taken) {
-      requeued.push_back(job);
+    } else if (id > last_taken || job->sink->abandoned()) {
+      requeued.push_back(job);  // never started (an abandoned one is dropped at dispatch)
     } else if (worker->failure) {
       failed.emplace_back(job, worker->failure);
     } else if (job->attempts < options_.max_retries) {
-      ++job->attempts;
-      requeued.push_back(job);
+      if (id == last_taken && job->range.size() > 1) {
+        // Only the element that was running is charged; the others go again at no cost.
+        std::uint64_t running = std::clamp<std::uint64_t>(slot.element.load(), job->range.first, job->range.end - 1);
+        if (running > job->range.first) requeued.push_back(job_part(job, job->range.first, running));
+        auto culprit = job_part(job, running, running + 1);
+        culprit->attempts = job->attempts + 1;
+        requeued.push_back(std::move(culprit));
+        if (running + 1 < job->range.end) requeued.push_back(job_part(job, running + 1, job->range.end));
+      } else {
+        ++job->attempts;
+        requeued.push_back(job);
+      }
     } else {
       failed.emplace_back(job, std::make_exception_ptr(WorkerLost(worker->process.pid, worker->status.exit_code,
                                                                   worker->status.signal)));

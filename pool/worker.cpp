@@ -21,11 +21,12 @@ namespace {
 // Throws ProtocolError when the message's lent storages are not valid: the conversation is broken.
 void serve_task(Channel& channel, Message& task, BorrowedStorages& borrowed, RunningSlot& running) {
   // Taken up from here: a crash while decoding is this task's too, never the next one's.
+  running.element.store(0, std::memory_order_relaxed);
   running.request_id.store(task.request_id, std::memory_order_release);
   TaskCall call = read_task(task, borrowed);
   Writer out(&borrowed);  // a result may be a storage the task lent: it goes back by id
   try {
-    call.invoker(call.function, call.count, call.arguments, out);
+    call.invoker(call.function, call.range, call.arguments, out, running.element);
   } catch (...) {
     channel.send(kErrorMessage, task.request_id, encode_current_exception().bytes());
     return;

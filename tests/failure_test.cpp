@@ -1,17 +1,27 @@
-// Failures around the pool's helpers: the fork server, the terminal's signals, full descriptor
-// tables. Each runs with both start methods (where it applies) and on both backends.
+// Failures around the pool's helpers (the fork server, the terminal's signals, full descriptor
+// tables) and around its work (retries, failed maps, random kills). Each runs with both start
+// methods (where it applies) and on both backends.
 
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <sys/mman.h>
+
+#include <atomic>
 #include <chrono>
+#include <numeric>
+#include <optional>
+#include <random>
+#include <ranges>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <forkpool/pool/pool.hpp>
+#include <forkpool/runtime/loop.hpp>
 #include "support.hpp"
 
 namespace forkpool {
@@ -146,6 +156,144 @@ TEST_P(HelperFailureTest, EveryChildOfTheForkServerIsReapedWhenTheParentCannotTa
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0);
 }
+
+// Memory shared with every worker (mapped before any pool forks): per-element counters.
+struct Counters {
+  std::atomic<int> runs[256];
+  std::atomic<int> calls;
+  std::atomic<int> pid_of_task[4096];
+};
+Counters* counters() {
+  static Counters* c = [] {
+    void* p = mmap(nullptr, sizeof(Counters), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    return new (p) Counters{};
+  }();
+  return c;
+}
+void reset_counters() {
+  for (auto& r : counters()->runs) r = 0;
+  counters()->calls = 0;
+  for (auto& p : counters()->pid_of_task) p = 0;
+}
+
+// Element 7 kills its worker the first two times it runs, element 15 the first time.
+int crash_on_seven_twice_and_fifteen_once(int x) {
+  int run = counters()->runs[x].fetch_add(1);
+  if ((x == 7 && run < 2) || (x == 15 && run < 1)) abort();
+  return x * 10;
+}
+
+int throw_on_zero_else_sleep(int x) {
+  counters()->calls.fetch_add(1);
+  if (x == 0) throw std::runtime_error("zero");
+  std::this_thread::sleep_for(5ms);
+  return x;
+}
+
+int record_pid_then_sleep(int task) {
+  counters()->pid_of_task[task] = getpid();
+  std::this_thread::sleep_for(std::chrono::microseconds(500 + (task * 37) % 1500));
+  return task;
+}
+
+class WorkFailureTest : public ::testing::TestWithParam<StartMethod> {
+ protected:
+  void SetUp() override { reset_counters(); }
+  PoolOptions options(int processes, int max_retries = 0) {
+    PoolOptions o{.processes = processes, .start_method = GetParam()};
+    o.max_retries = max_retries;
+    return o;
+  }
+};
+
+TEST_P(WorkFailureTest, ARetriedChunkChargesOnlyTheElementThatWasRunning) {
+  // Whole chunks as the unit of retry: the chunk dies at 7, at 7 again, then at 15, and three
+  // lost runs exceed max_retries = 2. Per element: 7 used two, 15 used one.
+  Pool pool(options(1, 2));
+  std::vector<int> xs(20);
+  std::iota(xs.begin(), xs.end(), 0);
+  std::vector<int> ys = run(pool.map(crash_on_seven_twice_and_fifteen_once, xs, 20));
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(ys[i], i * 10);
+  EXPECT_EQ(counters()->runs[7].load(), 3);
+  EXPECT_EQ(counters()->runs[15].load(), 2);
+  EXPECT_LE(counters()->runs[3].load(), 4);  // ran again with its neighbours, never charged
+}
+
+TEST_P(WorkFailureTest, AnOrderedStreamReassemblesAChunkRetriedInParts) {
+  Pool pool(options(2, 2));
+  std::vector<int> xs(40);
+  std::iota(xs.begin(), xs.end(), 0);
+  auto stream = pool.imap(crash_on_seven_twice_and_fifteen_once, xs, 10);
+  auto collect = [](decltype(stream)& s) -> Task<std::vector<int>> {
+    std::vector<int> out;
+    while (std::optional<int> y = co_await s.next()) out.push_back(*y);
+    co_return out;
+  };
+  std::vector<int> ys = run(collect(stream));
+  ASSERT_EQ(ys.size(), 40u);
+  for (int i = 0; i < 40; ++i) EXPECT_EQ(ys[i], i * 10);
+}
+
+TEST_P(WorkFailureTest, AFailedMapsChunksThatHaveNotStartedAreDropped) {
+  Pool pool(options(2));
+  std::vector<int> xs(200);
+  std::iota(xs.begin(), xs.end(), 0);
+  EXPECT_THROW(run(pool.map(throw_on_zero_else_sleep, xs, 1)), RemoteError);
+  // The next task does not wait behind 199 leftovers: only those already sent ran.
+  EXPECT_EQ(pool.apply_async(square, 3).get(), 9);
+  EXPECT_LT(counters()->calls.load(), 20);
+}
+
+// Random SIGKILLs of workers during a map: with retries every result is right; without, each
+// task succeeds or fails with WorkerLost naming the worker it actually ran on.
+TEST_P(WorkFailureTest, RandomKillsDuringAMapWithRetriesLoseNothing) {
+  Pool pool(options(2, 1000));
+  std::vector<int> xs(1500);
+  std::iota(xs.begin(), xs.end(), 0);
+  auto result = pool.map_async(record_pid_then_sleep, xs, 25);
+  std::mt19937 random(12345);
+  int kills = 0;
+  while (!result.ready()) {
+    result.wait(std::chrono::milliseconds(20 + random() % 40));
+    std::vector<pid_t> pids = pool.worker_pids();
+    if (!result.ready() && !pids.empty() && kill(pids[random() % pids.size()], SIGKILL) == 0) ++kills;
+  }
+  std::vector<int> ys = result.get();
+  EXPECT_EQ(ys, xs);
+  EXPECT_GT(kills, 5);
+}
+
+TEST_P(WorkFailureTest, RandomKillsWithoutRetriesFailOnlyTasksThatRanOnTheKilledWorker) {
+  Pool pool(options(2, 0));
+  std::vector<AsyncResult<int>> results;
+  for (int task = 0; task < 1500; ++task) results.push_back(pool.apply_async(record_pid_then_sleep, task));
+  std::mt19937 random(6789);
+  std::set<pid_t> killed;
+  for (AsyncResult<int>& last = results.back(); !last.ready();) {
+    last.wait(std::chrono::milliseconds(20 + random() % 40));
+    std::vector<pid_t> pids = pool.worker_pids();
+    if (pids.empty() || last.ready()) continue;
+    pid_t victim = pids[random() % pids.size()];
+    if (kill(victim, SIGKILL) == 0) killed.insert(victim);
+  }
+  int lost = 0;
+  for (int task = 0; task < 1500; ++task) {
+    try {
+      EXPECT_EQ(results[task].get(), task);
+    } catch (const WorkerLost& e) {
+      ++lost;
+      // (0: killed between taking the task up and its first instruction.)
+      pid_t ran_on = counters()->pid_of_task[task].load();
+      EXPECT_TRUE(ran_on == e.pid() || ran_on == 0) << "task " << task << " failed for a worker it never ran on";
+      EXPECT_TRUE(killed.contains(e.pid()));
+    }
+  }
+  EXPECT_GT(killed.size(), 5u);
+  EXPECT_LE(lost, static_cast<int>(killed.size()));  // at most the one task each killed worker ran
+}
+
+INSTANTIATE_TEST_SUITE_P(StartMethods, WorkFailureTest, ::testing::Values(StartMethod::fork, StartMethod::forkserver),
+                         [](const auto& info) { return info.param == StartMethod::fork ? "fork" : "forkserver"; });
 
 INSTANTIATE_TEST_SUITE_P(StartMethods, HelperFailureTest, ::testing::Values(StartMethod::fork, StartMethod::forkserver),
                          [](const auto& info) { return info.param == StartMethod::fork ? "fork" : "forkserver"; });

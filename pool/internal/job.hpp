@@ -2,6 +2,7 @@
 // A job: one encoded chunk of calls on its way to a worker, and who waits for its results.
 
 #include <cstddef>
+#include <cstdint>
 #include <exception>
 #include <memory>
 
@@ -10,14 +11,26 @@
 
 namespace forkpool::detail {
 
+// Which elements of an encoded chunk a job runs: [first, end) of `count` (task_message.hpp).
+struct ElementRange {
+  std::uint64_t count = 0;
+  std::uint64_t first = 0;
+  std::uint64_t end = 0;
+  std::uint64_t size() const noexcept { return end - first; }
+};
+
 // Who waits for the chunks of one call (a map, an apply_async, a stream). Called on the pool's
 // thread, inside the loop's turn that received the reply.
 class JobSink : public std::enable_shared_from_this<JobSink> {
  public:
   virtual ~JobSink() = default;
-  // Decodes chunk `chunk`'s results. May throw ProtocolError: the chunk then fails with it.
-  virtual void chunk_done(std::size_t chunk, Reader& results) = 0;
+  // Decodes the results of elements `range` of chunk `chunk` (the whole chunk, unless a worker
+  // died running it: then its parts arrive separately). May throw ProtocolError: the chunk then
+  // fails with it.
+  virtual void chunk_done(std::size_t chunk, const ElementRange& range, Reader& results) = 0;
   virtual void chunk_failed(std::size_t chunk, std::exception_ptr error) = 0;
+  // True once nothing more is wanted (a map that failed): its jobs not yet sent are dropped.
+  virtual bool abandoned() const { return false; }
 };
 
 struct Job {
@@ -26,7 +39,13 @@ struct Job {
   ByteBuffer payload;        // a task message (task_message.hpp)
   MessageLoan loan;          // storages the arguments lend: held until the result is decoded
   Attachments attachments;   // descriptors the arguments carry otherwise
+  ElementRange range;        // the elements of the chunk this job runs
   int attempts = 0;          // runs lost with a dying worker so far
+  // A part of a chunk sent again after its worker died (job_part()): the job it came from,
+  // whose loan and attachments it uses.
+  std::shared_ptr<Job> whole;
+
+  Job& root() noexcept { return whole ? *whole : *this; }
 };
 
 }  // namespace forkpool::detail

@@ -42,17 +42,35 @@ class StreamState : public JobSink {
     }
   }
 
-  void chunk_done(std::size_t chunk, Reader& results) override {
+  void chunk_done(std::size_t chunk, const ElementRange& range, Reader& results) override {
+    if (!awaited(chunk)) return;  // failed already
     std::size_t expected = chunk_sizes_.at(chunk);
-    expect_result_count(results, expected);
+    if (range.count != expected) results.fail("a result for a chunk of another size");
+    expect_result_count(results, range.size());
+    if (range.size() == expected) {
+      Outcome outcome;
+      outcome.values.reserve(expected);
+      for (std::size_t i = 0; i < expected; ++i) outcome.values.push_back(results.read<R>());
+      results.expect_end();
+      arrive(chunk, std::move(outcome));
+      return;
+    }
+    // A part of a chunk whose worker died: the chunk arrives when all its parts have.
+    Parts& parts = parts_[chunk];
+    parts.values.resize(expected);
+    for (std::uint64_t i = range.first; i < range.end; ++i) parts.values[i] = results.read<R>();
+    results.expect_end();
+    if ((parts.filled += range.size()) < expected) return;
     Outcome outcome;
     outcome.values.reserve(expected);
-    for (std::size_t i = 0; i < expected; ++i) outcome.values.push_back(results.read<R>());
-    results.expect_end();
+    for (auto& value : parts.values) outcome.values.push_back(std::move(*value));
+    parts_.erase(chunk);
     arrive(chunk, std::move(outcome));
   }
 
   void chunk_failed(std::size_t chunk, std::exception_ptr error) override {
+    if (!awaited(chunk)) return;  // one failure per chunk: its other parts' are ignored
+    parts_.erase(chunk);
     Outcome outcome;
     outcome.error = std::move(error);
     arrive(chunk, std::move(outcome));
@@ -69,6 +87,14 @@ class StreamState : public JobSink {
     std::vector<R> values;
     std::exception_ptr error;
   };
+
+  struct Parts {
+    std::vector<std::optional<R>> values;
+    std::uint64_t filled = 0;
+  };
+
+  // Submitted, and neither arrived nor handed out yet.
+  bool awaited(std::size_t chunk) const { return chunk_sizes_.contains(chunk) && !arrived_.contains(chunk); }
 
   struct ChunkArrival {
     StreamState* state;
@@ -117,6 +143,7 @@ class StreamState : public JobSink {
   bool exhausted_ = false;
   std::map<std::size_t, std::size_t> chunk_sizes_;
   std::map<std::size_t, Outcome> arrived_;
+  std::map<std::size_t, Parts> parts_;  // chunks whose parts are arriving separately
   std::deque<std::size_t> arrival_order_;
   std::vector<R> current_;
   std::size_t position_ = 0;

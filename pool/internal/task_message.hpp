@@ -5,12 +5,15 @@
 //   task    (parent -> worker): encode_task() writes it, read_task() reads it.
 //     payload      [u64 invoker address][u64 function address]
 //                  [the chunk's elements, each codec-encoded]
-//                  [u64 element count][u64 lent storage id]...[u32 number of lent ids]
+//                  [u64 element count][u64 first][u64 end]
+//                  [u64 lent storage id]...[u32 number of lent ids]
+//                  the worker calls elements [first, end) of the chunk (all of them, but for a
+//                  retried part of a chunk whose worker died: see ElementRange)
 //     descriptors  first the memfds of the lent storages the worker does not hold yet, in the
 //                  order of their ids above (task_descriptors()); then what the elements attached,
 //                  which they name by index among these
 //   hello   (parent -> worker): the first message; carries one memfd, the worker's RunningSlot
-//   result  (worker -> parent): [u64 count of results, the chunk's size][results...]
+//   result  (worker -> parent): [u64 count of results, end - first][results...]
 //   error   (worker -> parent): [type name][message] of what the task threw; with request id 0,
 //                               of what the pool's initializer threw (the worker then exits)
 //   release (parent -> worker): [ids of lent storages the parent released]
@@ -59,11 +62,18 @@ enum MessageKind : std::uint16_t {
 // lower ran (its reply, if sent, was unreadable).
 struct RunningSlot {
   std::atomic<std::uint64_t> request_id;
+  std::atomic<std::uint64_t> element;  // of that task's chunk: the one being called
 };
 inline constexpr std::size_t kRunningSlotBytes = 4096;
 
-// Decodes `count` elements from `in`, calls the function on each, encodes the results to `out`.
-using Invoker = void (*)(std::uintptr_t function, std::size_t count, Reader& in, Writer& out);
+// A chunk is sent whole; when its worker dies, the part before the element that was running and
+// the part after it are sent again as ranges of the same payload (ElementRange, job_part()), and
+// that element alone carries the retry: one poison element cannot use up a whole chunk's retries.
+
+// Decodes the elements of `range` from `in` (skipping those before it), calls the function on
+// each, encodes the results to `out`; says which element it calls in `running`.
+using Invoker = void (*)(std::uintptr_t function, const ElementRange& range, Reader& in, Writer& out,
+                         std::atomic<std::uint64_t>& running);
 
 // What a task may be: a function pointer, or a lambda without captures (an empty,
 // default-constructible class).
@@ -112,26 +122,30 @@ template <class F, class Element, bool Spread>
 struct Call {
   using Result = typename CallResultOf<F, Element, Spread>::type;
 
-  static void invoke(std::uintptr_t bits, std::size_t count, Reader& in, Writer& out) {
+  static void invoke(std::uintptr_t bits, const ElementRange& range, Reader& in, Writer& out,
+                     std::atomic<std::uint64_t>& running) {
     F f = rebuild_function<F>(bits);
-    in.check_count(count, min_encoded_size<Element>(), "chunk");
-    out.write_size(count);
+    in.check_count(range.count, min_encoded_size<Element>(), "chunk");
+    out.write_size(range.size());
     if constexpr (!Spread && Bitwise<Element> && Bitwise<Result>) {
       // Plain numbers in, plain numbers out: read them in place, write results straight out.
-      std::span<const std::byte> arguments = in.read_span(count * sizeof(Element));
+      std::span<const std::byte> arguments = in.read_span(range.count * sizeof(Element));
       ByteBuffer& buffer = out.buffer();
       std::size_t at = buffer.size();
-      buffer.resize(at + count * sizeof(Result));
-      for (std::size_t i = 0; i < count; ++i) {
+      buffer.resize(at + range.size() * sizeof(Result));
+      for (std::size_t i = range.first; i < range.end; ++i) {
+        running.store(i, std::memory_order_relaxed);
         Element argument;
         std::memcpy(&argument, arguments.data() + i * sizeof(Element), sizeof argument);
         Result result = std::invoke(f, argument);
-        std::memcpy(buffer.data() + at + i * sizeof(Result), &result, sizeof result);
+        std::memcpy(buffer.data() + at + (i - range.first) * sizeof(Result), &result, sizeof result);
       }
       in.expect_end();
       return;
     }
-    for (std::size_t i = 0; i < count; ++i) {
+    for (std::size_t i = 0; i < range.first; ++i) (void)in.read<Element>();  // run before
+    for (std::size_t i = range.first; i < range.end; ++i) {
+      running.store(i, std::memory_order_relaxed);
       Element element = in.read<Element>();
       if constexpr (std::is_void_v<Result>) {
         call(f, std::move(element));
@@ -139,7 +153,7 @@ struct Call {
         out.write(call(f, std::move(element)));
       }
     }
-    in.expect_end();
+    if (range.end == range.count) in.expect_end();
   }
 
   static decltype(auto) call(F& f, Element&& element) {
@@ -155,8 +169,13 @@ struct Call {
 template <class F, class Element, bool Spread>
 using CallResult = typename Call<F, Element, Spread>::Result;
 
-// Writes the trailer of a task message: the element count and the ids the message lends.
+// Writes the trailer of a task message: the element count, the range [0, count) to run, and
+// the ids the message lends.
 void write_task_trailer(Writer& w, std::size_t count, const MessageLoan& loan);
+
+// A copy of `job` that runs elements [first, end) of its chunk: the same payload, with the
+// range in its trailer patched, sharing the job's loan.
+std::shared_ptr<Job> job_part(const std::shared_ptr<Job>& job, std::uint64_t first, std::uint64_t end);
 
 // Encodes up to `limit` elements from [it, end) as one task message into `job` (payload, loan,
 // attachments); returns how many it took.
@@ -178,6 +197,7 @@ std::size_t encode_task(Job& job, F f, It& it, const End& end, std::size_t limit
   write_task_trailer(w, count, job.loan);
   job.payload = std::move(w.buffer());
   job.attachments = std::move(w.attachments());
+  job.range = {count, 0, count};
   return count;
 }
 
@@ -189,7 +209,7 @@ std::vector<int> task_descriptors(std::span<const int> new_lent_fds, const Attac
 struct TaskCall {
   Invoker invoker;
   std::uintptr_t function;
-  std::size_t count;
+  ElementRange range;
   Reader arguments;  // the elements, with the message's attachments and `borrowed` as context
 };
 // Reads `task`: maps the storages it lends that are new here (into `borrowed`) and returns the
@@ -205,7 +225,8 @@ std::exception_ptr decode_exception(std::span<const std::byte> payload, pid_t wo
   return std::make_exception_ptr(E(std::move(type), std::move(text), worker_pid));
 }
 
-// A result message starts with its number of results, which must be the chunk's size.
+// A result message starts with its number of results, which must be the size of the range the
+// task ran.
 void expect_result_count(Reader& results, std::size_t expected);
 
 }  // namespace forkpool::detail
