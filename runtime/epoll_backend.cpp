@@ -47,7 +47,6 @@ int attempt(Operation* op, std::uint32_t revents) {
       std::uint32_t mask = revents & (op->flags | POLLERR | POLLHUP);
       return mask ? static_cast<int>(mask) : -EAGAIN;
     }
-    case OpKind::nop:
     case OpKind::timeout: return 0;
   }
   return rc < 0 ? -errno : static_cast<int>(rc);
@@ -69,7 +68,6 @@ class EpollBackend final : public Backend {
   void start(Operation* op) override {
     note_started();
     switch (op->kind) {
-      case OpKind::nop: complete_soon(op, 0); return;
       case OpKind::timeout: add_timer(op); return;
       case OpKind::sendmsg:
       case OpKind::recvmsg:

@@ -139,7 +139,6 @@ class UringBackend final : public Backend {
 
   static void prepare(io_uring_sqe* sqe, Operation* op) {
     switch (op->kind) {
-      case OpKind::nop: io_uring_prep_nop(sqe); break;
       case OpKind::read:
         io_uring_prep_read(sqe, op->fd, op->buffer, static_cast<unsigned>(op->length), -1);
         break;

@@ -11,7 +11,7 @@
 
 namespace forkpool::detail {
 
-enum class OpKind : std::uint8_t { nop, read, write, sendmsg, recvmsg, poll, timeout };
+enum class OpKind : std::uint8_t { read, write, sendmsg, recvmsg, poll, timeout };
 
 // Where an operation is: a backend moves it idle -> queued -> in_kernel -> idle, and
 // completes it exactly once. Cancelling an idle operation does nothing.
@@ -20,7 +20,7 @@ enum class OpState : std::uint8_t { idle, queued, in_kernel, completing };
 struct Operation {
   using Callback = void (*)(Operation*, int result);
 
-  OpKind kind = OpKind::nop;
+  OpKind kind = OpKind::poll;  // set by whoever fills the operation in
   OpState state = OpState::idle;
   bool cancel_requested = false;
   int fd = -1;
