@@ -149,9 +149,23 @@ Task<T> await_result(AsyncResult<T> result) {
 
 }  // namespace detail
 
+// Python's multiprocessing.Pool for coroutines.
+//
+// Thread: a Pool belongs to the thread that made it (and to that process). Every member called
+// from another thread, or in a forked child, throws std::logic_error naming the rule.
+// Resumption: what it returns (AsyncResult, Task, Stream) completes on that thread's loop; an
+// awaiting coroutine resumes inline, inside the loop's turn that received the result.
+// Errors: a submitting call throws PoolClosed after close(), PoolTerminated after terminate(),
+// InitializerError once the initializer has failed in a row too often; what a task does wrong
+// arrives with its result (RemoteError, WorkerLost, ProtocolError; see docs/pool.md).
+//
+//   fp::Pool pool({.processes = 4});
+//   std::vector<int> squares = co_await pool.map(square, inputs);
 class Pool {
  public:
-  // Starts the workers now (and, for forkserver, the fork server).
+  // Starts the workers now (and, for forkserver, the fork server). Throws std::system_error when
+  // they cannot be started (descriptors or processes exhausted), leaving nothing behind, and
+  // std::invalid_argument for negative options.
   explicit Pool(PoolOptions options = {});
   // terminate(), as leaving Python's `with Pool()` block; outside a coroutine it also waits
   // until every worker is reaped (inside one, run() waits for that before it returns). In a
