@@ -25,7 +25,9 @@ $cxx -std=c++20 -Wall -Wextra -Werror -I"$project" "$project/consumer.cpp" "$pro
   -o "$scratch/consumer-pc" $flags -Wl,-rpath,"$libdir"
 "$scratch/consumer-pc"
 # The soname is versioned.
-objdump -p "$libdir/libforkpool.so" | grep -q 'SONAME *libforkpool.so.0$'
+# (Read whole: `grep -q` would stop reading early, and objdump's SIGPIPE fail the pipeline.)
+soname=$(objdump -p "$libdir/libforkpool.so" | sed -n 's/^ *SONAME *//p')
+[ "$soname" = libforkpool.so.0 ] || { echo "soname is '$soname', not libforkpool.so.0" >&2; exit 1; }
 
 # CMake, where it is installed.
 if command -v cmake >/dev/null; then
