@@ -38,8 +38,11 @@ long rss_kib() {
 
 BENCHMARK(BM_RawSocketpairPingPong64B)->UseRealTime();
 
+// Arg: task_timeout in ms (0: none), to see what the timeout machinery costs.
 void BM_ApplyAsyncRoundTrip(benchmark::State& state) {
-  fp::Pool pool({.processes = 2});
+  fp::PoolOptions options{.processes = 2};
+  options.task_timeout = std::chrono::milliseconds(state.range(0));
+  fp::Pool pool(options);
   auto body = [&]() -> fp::Task<void> {
     for (int i = 0; i < 200; ++i) co_await pool.apply_async(ident, i);
     for (auto _ : state) benchmark::DoNotOptimize(co_await pool.apply_async(ident, 1));
@@ -47,7 +50,7 @@ void BM_ApplyAsyncRoundTrip(benchmark::State& state) {
   fp::run(body());
   state.SetItemsProcessed(state.iterations());
 }
-BENCHMARK(BM_ApplyAsyncRoundTrip)->UseRealTime();
+BENCHMARK(BM_ApplyAsyncRoundTrip)->Arg(0)->Arg(10000)->UseRealTime();
 
 // map of 1,000,000 trivial ints; Arg: chunksize (0 = CPython's default rule).
 void BM_Map1MInts(benchmark::State& state) {

@@ -100,10 +100,22 @@ class ApplySink final : public JobSink {
     state_->set_value(std::move(value));
   }
   void chunk_failed(std::size_t, std::exception_ptr error) override { state_->set_error(std::move(error)); }
+  bool abandoned() const override { return state_->ready(); }
 
  private:
   std::shared_ptr<ResultState<R>> state_;
 };
+
+// Lets `state`'s cancel() stop the jobs of `sink` on `core`.
+template <class R>
+void connect_cancel(ResultState<R>& state, const std::shared_ptr<PoolCore>& core, const JobSink* sink) {
+  state.set_canceller([weak = std::weak_ptr<PoolCore>(core), sink] {
+    if (auto core = weak.lock()) {
+      core->check_owner("AsyncResult::cancel");
+      core->cancel(sink);
+    }
+  });
+}
 
 template <class F, class Element, bool Spread, class View>
 class RangeStream final : public StreamState<NonVoid<CallResult<F, Element, Spread>>> {
@@ -183,6 +195,7 @@ class Pool {
     using R = detail::CallResult<F, Element, true>;
     auto state = std::make_shared<detail::ResultState<R>>();
     auto sink = std::make_shared<detail::ApplySink<R>>(state);
+    detail::connect_cancel(*state, core_, sink.get());
     Element element(std::move(args)...);
     const Element* it = &element;
     core_->submit(detail::make_job<F, Element, true>(f, it, &element + 1, 1, sink, 0));
@@ -252,6 +265,7 @@ class Pool {
       for (std::size_t i = 0; i <= chunks; ++i) offsets.push_back(std::min(i * chunksize, total));
       auto state = std::make_shared<detail::ResultState<std::vector<W>>>();
       auto sink = std::make_shared<detail::MapSink<W>>(offsets, total, state);
+      detail::connect_cancel(*state, core_, sink.get());
       auto it = std::ranges::begin(inputs);
       for (std::size_t c = 0; c < chunks; ++c) {
         core_->submit(detail::make_job<F, Element, Spread>(f, it, std::ranges::end(inputs), chunksize, sink, c));

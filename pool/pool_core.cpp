@@ -9,6 +9,7 @@
 #include <map>
 #include <optional>
 #include <stdexcept>
+#include <stop_token>
 #include <string>
 
 #include <forkpool/ipc/internal/channel.hpp>
@@ -94,6 +95,9 @@ class PoolCoreImpl final : public PoolCore, public std::enable_shared_from_this<
   void fail_queue(const std::exception_ptr& error);
   void handle_reply(Worker& worker, Message& message);
   void reject(Worker& worker, std::exception_ptr error);
+  void cancel(const JobSink* sink) override;
+  void stop_running_job(Worker& worker, std::uint64_t id, std::exception_ptr reason);
+  Task<void> enforce_task_timeout();
   Task<void> serve(std::shared_ptr<Worker> worker);
   Task<void> watch(std::shared_ptr<Worker> worker);
   Task<void> send_outbox(std::shared_ptr<Worker> worker);
@@ -112,6 +116,7 @@ class PoolCoreImpl final : public PoolCore, public std::enable_shared_from_this<
   int initializer_failures_ = 0;  // consecutive workers whose initializer threw
   std::exception_ptr broken_;     // why no worker can be started any more (the initializer)
   Event all_exited_;
+  std::stop_source stop_timers_;  // ends enforce_task_timeout() on terminate()
   Scope background_;  // each worker's serve(), watch() and send_outbox()
 };
 
@@ -132,6 +137,9 @@ struct PoolCoreImpl::Worker {
   std::exception_ptr failure;   // it broke the protocol: why its running job fails
   std::exception_ptr initializer_error;  // its initializer threw
   Mapping running_slot;         // RunningSlot: which job it has taken up
+  Clock::time_point running_since;  // when its oldest job in flight started (task_timeout)
+  std::uint64_t stopped_job = 0;    // killed by us to stop this job (cancel, task_timeout)
+  std::exception_ptr stop_reason;   // why, when the job is still wanted (TimeoutError)
   ExitStatus status;
   Event exited;
 };
@@ -164,6 +172,8 @@ PoolCoreImpl::PoolCoreImpl(PoolOptions options)
   if (options_.processes < 0) throw std::invalid_argument("forkpool: PoolOptions::processes must be >= 0");
   if (options_.maxtasksperchild < 0) throw std::invalid_argument("forkpool: PoolOptions::maxtasksperchild must be >= 0");
   if (options_.max_retries < 0) throw std::invalid_argument("forkpool: PoolOptions::max_retries must be >= 0");
+  if (options_.task_timeout < std::chrono::nanoseconds::zero())
+    throw std::invalid_argument("forkpool: PoolOptions::task_timeout must be >= 0");
 }
 
 void PoolCoreImpl::start_workers() {
@@ -174,6 +184,7 @@ void PoolCoreImpl::start_workers() {
   }
   launcher_ = make_launcher(options_);
   for (int i = 0; i < processes_; ++i) start_worker();
+  if (options_.task_timeout > std::chrono::nanoseconds::zero()) background_.start(enforce_task_timeout());
 }
 
 void PoolCoreImpl::start_worker() {
@@ -259,6 +270,7 @@ void PoolCoreImpl::dispatch() {
     std::shared_ptr<Job> job = std::move(queue_.front());
     queue_.pop_front();
     std::uint64_t id = ++next_request_id_;
+    if (worker->in_flight.empty()) worker->running_since = Clock::now();  // it starts this one at once
     worker->in_flight.emplace(id, job);
     if (options_.maxtasksperchild > 0 && ++worker->assigned >= options_.maxtasksperchild) worker->retiring = true;
     worker->outbox.emplace_back(id, std::move(job));
@@ -360,6 +372,7 @@ void PoolCoreImpl::handle_reply(Worker& worker, Message& message) {
   }
   std::shared_ptr<Job> job = std::move(it->second);
   worker.in_flight.erase(it);
+  if (!worker.in_flight.empty()) worker.running_since = Clock::now();  // it has taken up the next
   try {
     if (message.kind == kResultMessage) {
       Reader results = message.reader();
@@ -411,8 +424,12 @@ void PoolCoreImpl::on_worker_gone(const std::shared_ptr<Worker>& worker) {
   for (auto& [id, job] : worker->in_flight) {
     if (terminated_) {
       failed.emplace_back(job, std::make_exception_ptr(PoolTerminated()));
-    } else if (id > last_taken || job->sink->abandoned()) {
-      requeued.push_back(job);  // never started (an abandoned one is dropped at dispatch)
+    } else if (id == worker->stopped_job && worker->stop_reason) {
+      failed.emplace_back(job, worker->stop_reason);  // ran past task_timeout: not retried
+    } else if (id > last_taken || job->sink->abandoned() || worker->stopped_job) {
+      // Never started, or not wanted any more (dropped at dispatch), or it lost its worker only
+      // because we stopped another job there.
+      requeued.push_back(job);
     } else if (worker->failure) {
       failed.emplace_back(job, worker->failure);
     } else if (job->attempts < options_.max_retries) {
@@ -444,6 +461,50 @@ void PoolCoreImpl::on_worker_gone(const std::shared_ptr<Worker>& worker) {
   if (last) all_exited_.set();
 }
 
+void PoolCoreImpl::cancel(const JobSink* sink) {
+  if (terminated_) return;
+  for (auto& w : workers_) {
+    std::uint64_t running = reinterpret_cast<RunningSlot*>(w->running_slot.data())->request_id.load();
+    if (auto it = w->in_flight.find(running); it != w->in_flight.end() && it->second->sink.get() == sink)
+      stop_running_job(*w, running, nullptr);
+  }
+  dispatch();  // drops its queued jobs
+}
+
+void PoolCoreImpl::stop_running_job(Worker& worker, std::uint64_t id, std::exception_ptr reason) {
+  if (worker.stopped_job || worker.exited.is_set()) return;
+  worker.stopped_job = id;
+  worker.stop_reason = std::move(reason);
+  send_signal(worker.process.pidfd.get(), SIGKILL);
+}
+
+// One timer for every task_timeout: it wakes at the earliest deadline of a running job. A job
+// that starts later has a later deadline than now + timeout, so sleeping that long misses none.
+Task<void> PoolCoreImpl::enforce_task_timeout() {
+  auto self = shared_from_this();
+  std::stop_token stop = stop_timers_.get_token();
+  const auto timeout = options_.task_timeout;
+  while (!terminated_) {
+    Clock::time_point now = Clock::now();
+    Clock::time_point wake = now + timeout;
+    for (auto& w : workers_) {
+      if (w->in_flight.empty() || w->stopped_job || w->exited.is_set()) continue;
+      Clock::time_point deadline = w->running_since + timeout;
+      if (deadline > now) {
+        wake = std::min(wake, deadline);
+        continue;
+      }
+      std::uint64_t running = w->in_flight.begin()->first;  // its oldest: the one it runs
+      stop_running_job(*w, running,
+                       std::make_exception_ptr(TimeoutError(
+                           "forkpool: the task ran longer than task_timeout (" +
+                           std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count()) +
+                           " ms); worker " + std::to_string(w->process.pid) + " was killed")));
+    }
+    co_await wait_until(wake, stop);
+  }
+}
+
 void PoolCoreImpl::fail_queue(const std::exception_ptr& error) {
   auto jobs = std::exchange(queue_, {});
   for (auto& job : jobs) job->sink->chunk_failed(job->chunk, error);
@@ -460,6 +521,7 @@ void PoolCoreImpl::terminate() {
   if (terminated_) return;
   close();
   terminated_ = true;
+  stop_timers_.request_stop();
   fail_queue(std::make_exception_ptr(PoolTerminated()));
   for (auto& w : workers_) send_signal(w->process.pidfd.get(), SIGKILL);
 }

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <chrono>
 #include <functional>
 
 namespace forkpool {
@@ -17,6 +18,9 @@ struct PoolOptions {
   std::function<void()> initializer = {};  // runs once in each worker before its first task
   StartMethod start_method = StartMethod::forkserver;
   int max_retries = 0;                     // a task whose worker died is run again up to N times
+  // 0: none. A task (a chunk, for maps) still running this long after its worker started it is
+  // stopped (the worker is killed and replaced) and fails with TimeoutError; it is not retried.
+  std::chrono::nanoseconds task_timeout = {};
 };
 
 }  // namespace forkpool

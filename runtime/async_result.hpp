@@ -7,6 +7,8 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <stop_token>
+#include <vector>
 #include <stdexcept>
 #include <type_traits>
 #include <variant>
@@ -14,15 +16,21 @@
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/internal/blocking_wait.hpp>
 #include <forkpool/runtime/internal/event.hpp>
+#include <forkpool/runtime/internal/io.hpp>
 #include <forkpool/runtime/loop.hpp>
+#include <forkpool/runtime/task.hpp>
 
 namespace forkpool {
 namespace detail {
 
+// Reports a done-callback's exception on stderr: it must not break whoever completed the result.
+void report_callback_failure() noexcept;
+
 template <class R>
-class ResultState {
+class ResultState : public std::enable_shared_from_this<ResultState<R>> {
  public:
   using Stored = NonVoid<R>;
+  using Callback = std::function<void(std::shared_ptr<ResultState>)>;
 
   bool ready() const noexcept { return done_.is_set(); }
   bool successful() const noexcept { return ready() && !error_; }
@@ -31,12 +39,30 @@ class ResultState {
   void set_value(Stored value) {
     if (ready()) return;
     value_.emplace(std::move(value));
-    done_.set();
+    finish();
   }
   void set_error(std::exception_ptr error) {
     if (ready()) return;
     error_ = std::move(error);
-    done_.set();
+    finish();
+  }
+
+  // Who can stop the work (the pool that runs it); called once, by cancel().
+  void set_canceller(std::function<void()> canceller) { canceller_ = std::move(canceller); }
+  void cancel() {
+    if (ready()) return;
+    auto canceller = std::exchange(canceller_, {});
+    set_error(std::make_exception_ptr(Cancelled()));  // first: the pool then sees it is not wanted
+    if (canceller) canceller();
+  }
+
+  // Runs `callback` once the outcome is set (now, if it is).
+  void on_done(Callback callback) {
+    if (ready()) {
+      run(callback);
+      return;
+    }
+    callbacks_.push_back(std::move(callback));
   }
 
   Event& done() noexcept { return done_; }
@@ -51,9 +77,26 @@ class ResultState {
   }
 
  private:
+  void finish() {
+    canceller_ = {};
+    auto callbacks = std::exchange(callbacks_, {});
+    auto self = this->shared_from_this();  // a resumed waiter may drop its result
+    done_.set();
+    for (auto& callback : callbacks) run(callback);
+  }
+  void run(const Callback& callback) {
+    try {
+      callback(this->shared_from_this());
+    } catch (...) {
+      report_callback_failure();
+    }
+  }
+
   std::optional<Stored> value_;
   std::exception_ptr error_;
   Event done_;
+  std::function<void()> canceller_;
+  std::vector<Callback> callbacks_;
 };
 
 }  // namespace detail
@@ -64,6 +107,35 @@ class AsyncResult {
   explicit AsyncResult(std::shared_ptr<detail::ResultState<R>> state) : state_(std::move(state)) {}
 
   bool ready() const noexcept { return state_->ready(); }
+
+  // Stops the work: a queued task is dropped; a running one is stopped by killing its worker
+  // (which is replaced; the other work it had runs elsewhere, at no cost). The result fails with
+  // Cancelled at once. No effect once ready. On the thread of the pool that made the result.
+  void cancel() { state_->cancel(); }
+
+  // Runs `callback(*this)` on the loop's thread once the result is ready (now, if it is), as
+  // concurrent.futures' add_done_callback. A callback that throws is reported on stderr and
+  // breaks nothing.
+  void add_done_callback(std::function<void(AsyncResult&)> callback) {
+    state_->on_done([callback = std::move(callback)](std::shared_ptr<detail::ResultState<R>> state) {
+      AsyncResult result(std::move(state));
+      callback(result);
+    });
+  }
+
+  // Inside a coroutine: true once the result is ready, false if `timeout` passes first. Resumes
+  // inline, inside the loop's turn that completed the result or fired the timer.
+  Task<bool> async_wait(std::chrono::nanoseconds timeout) const {
+    if (ready()) co_return true;
+    auto stop = std::make_shared<std::stop_source>();
+    state_->on_done([weak = std::weak_ptr<std::stop_source>(stop)](auto) {
+      if (auto source = weak.lock()) source->request_stop();
+    });
+    std::stop_token token = stop->get_token();
+    co_await wait_until(Clock::now() + timeout, token);
+    co_return ready();
+  }
+
   // Whether the work succeeded; std::logic_error while it is not ready (as Python's ValueError).
   bool successful() const {
     if (!ready()) throw std::logic_error("forkpool: AsyncResult::successful() called before the result is ready");

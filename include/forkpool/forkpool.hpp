@@ -2,6 +2,7 @@
 // forkpool: the one header a program includes. It re-exports what the API lists, nothing else.
 
 #include <forkpool/ipc/codec.hpp>
+#include <forkpool/pool/as_completed.hpp>
 #include <forkpool/pool/pool.hpp>
 #include <forkpool/pool/spawn.hpp>
 #include <forkpool/pool/stream.hpp>

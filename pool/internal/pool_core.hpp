@@ -30,6 +30,9 @@ class PoolCore {
   virtual void stream_opened() = 0;
   virtual void stream_closed() = 0;
   virtual void submit_for_stream(std::shared_ptr<Job> job) = 0;
+  // Stops the work of `sink` (whose result is already failed): its running jobs' workers are
+  // killed and replaced, the other work they had runs elsewhere at no cost; queued jobs drop.
+  virtual void cancel(const JobSink* sink) = 0;
   virtual void close() = 0;
   virtual void terminate() = 0;
   virtual Task<void> join() = 0;  // std::logic_error unless close() or terminate() came first

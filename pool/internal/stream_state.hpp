@@ -81,6 +81,13 @@ class StreamState : public JobSink {
   // false when the input is exhausted.
   virtual bool submit_chunk(std::size_t index) = 0;
   void record_chunk_size(std::size_t index, std::size_t size) { chunk_sizes_[index] = size; }
+  // Chunk `chunk` (recorded with size 1) arrives as `value`, without a worker.
+  void deliver(std::size_t chunk, R value) {
+    if (!awaited(chunk)) return;
+    Outcome outcome;
+    outcome.values.push_back(std::move(value));
+    arrive(chunk, std::move(outcome));
+  }
 
  private:
   struct Outcome {
