@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
+#include <string>
 #include <unistd.h>
 #include <utility>
 #include <vector>
@@ -33,24 +35,20 @@ struct Outcome {
   double seconds = 0;
 };
 
+fp::Task<std::int64_t> sum(fp::Stream<std::int64_t>& counts) {
+  std::int64_t total = 0;
+  while (std::optional<std::int64_t> count = co_await counts.next()) total += *count;
+  co_return total;
+}
+
 fp::Task<Outcome> count_on(int processes, const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges) {
   fp::Pool pool({.processes = processes});
   auto started = std::chrono::steady_clock::now();
   fp::Stream<std::int64_t> counts = pool.imap_unordered(count_primes, ranges);
-  Outcome outcome;
-  std::size_t done = 0;
-  const bool interactive = isatty(STDERR_FILENO);
-  while (std::optional<std::int64_t> count = co_await counts.next()) {
-    outcome.primes += *count;
-    ++done;
-    if (!interactive && done % 50 != 0 && done != ranges.size()) continue;  // a log, not a terminal
-    std::fprintf(stderr, interactive ? "\r  %d process%s: %3zu%% of ranges done, %lld primes so far"
-                                     : "  %d process%s: %3zu%% of ranges done, %lld primes so far\n",
-                 processes,
-                 processes == 1 ? "" : "es", done * 100 / ranges.size(), static_cast<long long>(outcome.primes));
-  }
-  outcome.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  if (interactive) std::fprintf(stderr, "\n");
+  std::string label = "  " + std::to_string(processes) + (processes == 1 ? " process" : " processes");
+  // The sum and the progress line run side by side on the loop.
+  auto [primes, shown] = co_await fp::when_all(sum(counts), fp::show_progress(counts, label));
+  Outcome outcome{primes, std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count()};
   pool.close();
   co_await pool.join();
   co_return outcome;

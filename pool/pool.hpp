@@ -50,6 +50,7 @@ class MapSink final : public JobSink {
  public:
   MapSink(std::vector<std::size_t> offsets, std::size_t total, std::shared_ptr<ResultState<std::vector<W>>> state)
       : offsets_(std::move(offsets)), slots_(total), remaining_(total), state_(std::move(state)) {
+    state_->set_progress(0, total);
     if (remaining_ == 0) state_->set_value({});
   }
 
@@ -64,6 +65,7 @@ class MapSink final : public JobSink {
     }
     results.expect_end();
     remaining_ -= size;
+    state_->set_progress(slots_.size() - remaining_, slots_.size());
     if (remaining_ == 0) state_->set_value(take_values());
   }
   // As Python's map: the first failure is the result; later chunks are ignored, and those not
@@ -124,6 +126,7 @@ class RangeStream final : public StreamState<NonVoid<CallResult<F, Element, Spre
       : StreamState<NonVoid<CallResult<F, Element, Spread>>>(ordered, 2 * static_cast<std::size_t>(core->processes())),
         core_(std::move(core)), f_(f), view_(std::move(view)), it_(std::ranges::begin(view_)),
         chunksize_(std::max<std::size_t>(chunksize, 1)) {
+    if constexpr (std::ranges::sized_range<View>) this->set_known_total(std::ranges::size(view_));
     core_->stream_opened();
   }
   ~RangeStream() override { end_input(); }

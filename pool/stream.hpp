@@ -8,8 +8,11 @@
 
 #include <memory>
 #include <optional>
+#include <string>
 
 #include <forkpool/pool/internal/stream_state.hpp>
+#include <forkpool/runtime/internal/progress_line.hpp>
+#include <forkpool/runtime/loop.hpp>
 #include <forkpool/runtime/task.hpp>
 
 namespace forkpool {
@@ -23,8 +26,25 @@ class Stream {
   // end. A task that threw rethrows here, at its place; the stream goes on after it.
   Task<std::optional<R>> next() { return detail::StreamState<R>::next(state_); }
 
+  // Items finished so far, of the total (known once the input has been read).
+  Progress progress() const { return state_->progress(); }
+  // Every result has been handed out by next().
+  bool finished() const { return state_->finished(); }
+
  private:
   std::shared_ptr<detail::StreamState<R>> state_;
 };
+
+// As show_progress(AsyncResult): draws the stream's progress on stderr until every result has
+// been handed out. Run it beside the loop that consumes the stream, which must outlive it.
+template <class R>
+Task<void> show_progress(const Stream<R>& stream, std::string label = {}) {
+  detail::ProgressLine line(std::move(label));
+  while (!stream.finished()) {
+    line.draw(stream.progress());
+    co_await sleep_for(line.interval());
+  }
+  line.finish(stream.progress());
+}
 
 }  // namespace forkpool

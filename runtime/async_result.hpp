@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <coroutine>
+#include <cstddef>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -21,6 +22,14 @@
 #include <forkpool/runtime/task.hpp>
 
 namespace forkpool {
+
+// How far a map or stream has come: items finished, of `total` (empty while a lazy input is
+// still being read).
+struct Progress {
+  std::size_t done = 0;
+  std::optional<std::size_t> total;
+};
+
 namespace detail {
 
 // Reports a done-callback's exception on stderr: it must not break whoever completed the result.
@@ -45,6 +54,13 @@ class ResultState : public std::enable_shared_from_this<ResultState<R>> {
     if (ready()) return;
     error_ = std::move(error);
     finish();
+  }
+
+  // Items done of the total (a map's sink counts them; otherwise 0 or 1 of 1).
+  void set_progress(std::size_t done, std::size_t total) { progress_ = Progress{done, total}; }
+  Progress progress() const {
+    if (progress_.total) return progress_;
+    return {ready() ? 1u : 0u, 1};
   }
 
   // Who can stop the work (the pool that runs it); called once, by cancel().
@@ -97,6 +113,7 @@ class ResultState : public std::enable_shared_from_this<ResultState<R>> {
   Event done_;
   std::function<void()> canceller_;
   std::vector<Callback> callbacks_;
+  Progress progress_;
 };
 
 }  // namespace detail
@@ -107,6 +124,9 @@ class AsyncResult {
   explicit AsyncResult(std::shared_ptr<detail::ResultState<R>> state) : state_(std::move(state)) {}
 
   bool ready() const noexcept { return state_->ready(); }
+
+  // Items done of the total: a map's elements, otherwise 0 or 1 of 1.
+  Progress progress() const { return state_->progress(); }
 
   // Stops the work: a queued task is dropped; a running one is stopped by killing its worker
   // (which is replaced; the other work it had runs elsewhere, at no cost). The result fails with

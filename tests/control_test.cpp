@@ -6,7 +6,12 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <functional>
+#include <optional>
+#include <string>
 #include <numeric>
+#include <ranges>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -186,6 +191,94 @@ TEST_F(ControlTest, AsCompletedYieldsEveryIndexOnceFastestFirst) {
   std::vector<AsyncResult<int>> none;
   auto empty = [&]() -> Task<bool> { co_return !(co_await as_completed(none).next()).has_value(); };
   EXPECT_TRUE(run(empty()));
+}
+
+int nap_and_count(int ms) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  if (ms >= 500) return shared()->calls.load();  // how many others finished while this one ran
+  shared()->calls.fetch_add(1);
+  return -1;
+}
+
+TEST_F(ControlTest, AnOrderedImapKeepsTheOtherWorkerBusyWhileOneTaskIsSlow) {
+  Pool pool({.processes = 2});
+  std::vector<int> ms(1000, 1);
+  ms[2] = 500;
+  auto consume = [&]() -> Task<int> {
+    auto stream = pool.imap(nap_and_count, ms);
+    int during_slow = -1, count = 0;
+    while (std::optional<int> r = co_await stream.next()) {
+      if (*r >= 0) during_slow = *r;
+      ++count;
+    }
+    EXPECT_EQ(count, 1000);
+    co_return during_slow;
+  };
+  EXPECT_GE(run(consume()), 400);  // results waited in the reorder buffer, workers did not
+}
+
+TEST_F(ControlTest, ProgressCountsTheItemsOfAMapAndAStream) {
+  Pool pool({.processes = 2});
+  std::vector<int> ms(40, 2);
+  auto result = pool.map_async(count_then_sleep_ms, ms, 1);
+  EXPECT_EQ(result.progress().total, std::optional<std::size_t>(40));
+  result.wait();
+  EXPECT_EQ(result.progress().done, 40u);
+  auto single = pool.apply_async(square, 2);
+  EXPECT_EQ(single.progress().done, 0u);
+  single.wait();
+  EXPECT_EQ(single.progress().done, 1u);
+
+  auto lazy = pool.imap(count_then_sleep_ms, ms | std::views::filter([](int) { return true; }));
+  EXPECT_FALSE(lazy.progress().total.has_value());  // an input of unknown size is read lazily
+  auto stream = pool.imap(count_then_sleep_ms, ms);
+  EXPECT_EQ(stream.progress().total, std::optional<std::size_t>(40));  // a sized one is known
+  auto drain = [](Stream<int>& s) -> Task<void> {
+    while (co_await s.next()) {
+    }
+  };
+  run(drain(stream));
+  EXPECT_EQ(stream.progress().done, 40u);
+  EXPECT_EQ(stream.progress().total, std::optional<std::size_t>(40));
+  EXPECT_TRUE(stream.finished());
+}
+
+// Runs `body` with stderr going to a pipe; returns what it wrote.
+std::string capture_stderr(const std::function<void()>& body) {
+  int ends[2];
+  EXPECT_EQ(pipe(ends), 0);
+  int saved = dup(STDERR_FILENO);
+  dup2(ends[1], STDERR_FILENO);
+  close(ends[1]);
+  body();
+  std::fflush(stderr);
+  dup2(saved, STDERR_FILENO);
+  close(saved);
+  std::string text;
+  char buffer[4096];
+  for (ssize_t n; (n = read(ends[0], buffer, sizeof buffer)) > 0;) text.append(buffer, static_cast<std::size_t>(n));
+  close(ends[0]);
+  return text;
+}
+
+TEST_F(ControlTest, ShowProgressToAPipeWritesOneLinePerTenPercent) {
+  Pool pool({.processes = 2});
+  std::vector<int> ms(100, 4);
+  std::string text = capture_stderr([&] {
+    auto result = pool.map_async(count_then_sleep_ms, ms, 1);
+    run(show_progress(result, "naps"));
+    EXPECT_EQ(result.get().size(), 100u);
+  });
+  std::vector<std::string> lines;
+  for (std::size_t at = 0, end; (end = text.find('\n', at)) != std::string::npos; at = end + 1)
+    lines.push_back(text.substr(at, end - at));
+  ASSERT_EQ(lines.size(), 10u) << text;
+  for (int i = 0; i < 10; ++i) {
+    std::string expected = "naps: " + std::to_string(10 * (i + 1)) + "% (";
+    EXPECT_EQ(lines[i].rfind(expected, 0), 0u) << lines[i];
+    EXPECT_NE(lines[i].find("/100 items, "), std::string::npos) << lines[i];
+  }
+  EXPECT_NE(lines.back().find("(100/100 items"), std::string::npos) << lines.back();
 }
 
 }  // namespace

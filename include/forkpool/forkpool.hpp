@@ -10,6 +10,7 @@
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/loop.hpp>
 #include <forkpool/runtime/scope.hpp>
+#include <forkpool/runtime/show_progress.hpp>
 #include <forkpool/runtime/task.hpp>
 #include <forkpool/runtime/when_all.hpp>
 #include <forkpool/shm/dlpack.hpp>

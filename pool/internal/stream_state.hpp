@@ -13,6 +13,7 @@
 
 #include <forkpool/pool/internal/job.hpp>
 #include <forkpool/pool/internal/task_message.hpp>
+#include <forkpool/runtime/async_result.hpp>
 #include <forkpool/runtime/task.hpp>
 
 namespace forkpool::detail {
@@ -20,7 +21,20 @@ namespace forkpool::detail {
 template <class R>
 class StreamState : public JobSink {
  public:
+  // At most `window` chunks run at once; results that arrive ahead of their turn (ordered) wait
+  // in a reorder buffer of at most kReorderLimit chunks, so one slow chunk does not leave the
+  // other workers idle (head-of-line blocking), and memory stays bounded.
+  static constexpr std::size_t kReorderLimit = 1024;
+
   StreamState(bool ordered, std::size_t window) : ordered_(ordered), window_(window) {}
+
+  // Items finished (or failed) so far, of how many: the total is known once the input is read.
+  Progress progress() const {
+    if (exhausted_) return {done_elements_, submitted_elements_};
+    return {done_elements_, known_total_};
+  }
+  // Every result has been handed out (or the stream failed for good).
+  bool finished() const { return exhausted_ && in_flight_ == 0 && position_ >= current_.size(); }
 
   // Submits the first window of chunks.
   void start() { fill_window(); }
@@ -80,7 +94,12 @@ class StreamState : public JobSink {
   // Encodes and submits chunk `index` of the input, recording its size with record_chunk_size();
   // false when the input is exhausted.
   virtual bool submit_chunk(std::size_t index) = 0;
-  void record_chunk_size(std::size_t index, std::size_t size) { chunk_sizes_[index] = size; }
+  // The input's size, when it is known before it is read (a sized range).
+  void set_known_total(std::size_t total) { known_total_ = total; }
+  void record_chunk_size(std::size_t index, std::size_t size) {
+    chunk_sizes_[index] = size;
+    submitted_elements_ += size;
+  }
   // Chunk `chunk` (recorded with size 1) arrives as `value`, without a worker.
   void deliver(std::size_t chunk, R value) {
     if (!awaited(chunk)) return;
@@ -111,10 +130,11 @@ class StreamState : public JobSink {
   };
 
   void fill_window() {
-    while (!exhausted_ && in_flight_ < window_) {
+    while (!exhausted_ && running_ < window_ && in_flight_ - running_ < kReorderLimit) {
       if (submit_chunk(next_chunk_)) {
         ++next_chunk_;
         ++in_flight_;
+        ++running_;
       } else {
         exhausted_ = true;
       }
@@ -137,6 +157,8 @@ class StreamState : public JobSink {
   }
 
   void arrive(std::size_t chunk, Outcome outcome) {
+    --running_;
+    done_elements_ += chunk_sizes_.at(chunk);
     arrived_.emplace(chunk, std::move(outcome));
     if (!ordered_) arrival_order_.push_back(chunk);
     if (auto waiter = std::exchange(waiter_, {})) waiter.resume();
@@ -147,6 +169,10 @@ class StreamState : public JobSink {
   std::size_t next_chunk_ = 0;     // next chunk of input to submit
   std::size_t next_to_yield_ = 0;  // ordered: next chunk to hand out
   std::size_t in_flight_ = 0;      // submitted and not yet handed out
+  std::size_t running_ = 0;        // submitted and not yet arrived
+  std::size_t submitted_elements_ = 0;
+  std::size_t done_elements_ = 0;
+  std::optional<std::size_t> known_total_;
   bool exhausted_ = false;
   std::map<std::size_t, std::size_t> chunk_sizes_;
   std::map<std::size_t, Outcome> arrived_;

@@ -1,0 +1,57 @@
+#include <forkpool/runtime/internal/progress_line.hpp>
+
+#include <unistd.h>
+
+#include <cstdio>
+
+namespace forkpool::detail {
+namespace {
+
+double items_per_second(std::size_t done, std::chrono::steady_clock::time_point since) {
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+  return seconds > 0 ? static_cast<double>(done) / seconds : 0.0;
+}
+
+}  // namespace
+
+ProgressLine::ProgressLine(std::string label)
+    : label_(label.empty() ? "progress" : std::move(label)), terminal_(isatty(STDERR_FILENO) == 1),
+      started_(std::chrono::steady_clock::now()) {}
+
+std::chrono::milliseconds ProgressLine::interval() const noexcept {
+  return terminal_ ? std::chrono::milliseconds(100) : std::chrono::milliseconds(250);
+}
+
+void ProgressLine::draw(const Progress& progress) {
+  double rate = items_per_second(progress.done, started_);
+  if (terminal_) {
+    constexpr int kWidth = 24;
+    std::string bar(kWidth, ' ');
+    std::string total = progress.total ? std::to_string(*progress.total) : "?";
+    if (progress.total && *progress.total > 0) {
+      auto filled = static_cast<int>(kWidth * progress.done / *progress.total);
+      bar.replace(0, static_cast<std::size_t>(filled), static_cast<std::size_t>(filled), '#');
+    }
+    std::string left = "?";
+    if (progress.total && rate > 0) {
+      auto seconds = static_cast<long>(static_cast<double>(*progress.total - progress.done) / rate);
+      left = std::to_string(seconds / 60) + ":" + (seconds % 60 < 10 ? "0" : "") + std::to_string(seconds % 60);
+    }
+    std::fprintf(stderr, "\r\033[K%s [%s] %zu/%s  %.0f/s  left %s", label_.c_str(), bar.c_str(), progress.done,
+                 total.c_str(), rate, left.c_str());
+    std::fflush(stderr);
+    return;
+  }
+  if (!progress.total || *progress.total == 0) return;
+  auto reached = static_cast<int>(10 * progress.done / *progress.total);
+  for (; tenths_printed_ < reached; ++tenths_printed_)
+    std::fprintf(stderr, "%s: %d%% (%zu/%zu items, %.0f items/s)\n", label_.c_str(), 10 * (tenths_printed_ + 1),
+                 progress.done, *progress.total, rate);
+}
+
+void ProgressLine::finish(const Progress& progress) {
+  draw(progress);
+  if (terminal_) std::fputc('\n', stderr);
+}
+
+}  // namespace forkpool::detail
