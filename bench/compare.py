@@ -82,6 +82,11 @@ if pool:
         py = python_figure("py_pool.txt", r"Pool.map 1e6 ints, " + pattern)
         row(f"pool: map of 1e6 ints, {label}", f"{rate:.1f} M items/s",
             f"{rate / py:.1f}x CPython Pool ({py} M/s; target >= 20)" if py else "")
+    cancel = pool.get("BM_StopToReplacementServing/0/iterations:50/manual_time")
+    killed = pool.get("BM_StopToReplacementServing/1/iterations:50/manual_time")
+    if cancel and killed:
+        row("pool: cancel() of a running task to a replacement serving", f"{ns(cancel) / 1e3:.0f} us",
+            f"{ns(cancel) / ns(killed):.2f}x a plain replacement after SIGKILL ({ns(killed) / 1e3:.0f} us)")
     e = pool["BM_CpuBoundMapEfficiency/iterations:3/manual_time"]
     row("pool: CPU-bound map efficiency at P = cores", f"{e['efficiency'] * 100:.0f}% at P = {e['processes']:.0f}",
         "target >= 95%")

@@ -2,8 +2,11 @@
 // bench/run_all.sh, against CPython's Pool and torch.multiprocessing in the same run.
 
 #include <benchmark/benchmark.h>
+#include <signal.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <numeric>
 #include <ranges>
@@ -51,6 +54,46 @@ void BM_ApplyAsyncRoundTrip(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
 }
 BENCHMARK(BM_ApplyAsyncRoundTrip)->Arg(0)->Arg(10000)->UseRealTime();
+
+// Set by nap() in the worker: memory shared with every worker, mapped before any pool forks.
+std::atomic<int>* naps_started() {
+  static auto* started = new (mmap(nullptr, sizeof(std::atomic<int>), PROT_READ | PROT_WRITE,
+                                   MAP_SHARED | MAP_ANONYMOUS, -1, 0)) std::atomic<int>(0);
+  return started;
+}
+
+int nap(int ms) {
+  naps_started()->fetch_add(1);
+  usleep(static_cast<useconds_t>(ms) * 1000);
+  return ms;
+}
+
+// How long until a pool of one serves again after its running task is stopped. Arg 0: the
+// task is cancelled (AsyncResult::cancel); 1: its worker is SIGKILLed from outside, the plain
+// replacement; both measured from the stop to the next task's result.
+void BM_StopToReplacementServing(benchmark::State& state) {
+  naps_started();
+  fp::Pool pool({.processes = 1});
+  for (auto _ : state) {
+    int before = naps_started()->load();
+    auto running = pool.apply_async(nap, 60000);
+    while (naps_started()->load() == before) running.wait(std::chrono::microseconds(100));
+    pid_t worker = pool.worker_pids().at(0);
+    auto stopped = std::chrono::steady_clock::now();
+    if (state.range(0) == 0) {
+      running.cancel();
+    } else {
+      kill(worker, SIGKILL);
+    }
+    benchmark::DoNotOptimize(pool.apply_async(ident, 1).get());
+    state.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped).count());
+    try {
+      running.get();
+    } catch (const fp::Error&) {
+    }
+  }
+}
+BENCHMARK(BM_StopToReplacementServing)->Arg(0)->Arg(1)->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(50);
 
 // map of 1,000,000 trivial ints; Arg: chunksize (0 = CPython's default rule).
 void BM_Map1MInts(benchmark::State& state) {

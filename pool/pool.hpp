@@ -133,6 +133,7 @@ class RangeStream final : public StreamState<NonVoid<CallResult<F, Element, Spre
 
  private:
   bool submit_chunk(std::size_t index) override {
+    if (core_->terminated()) throw PoolTerminated();  // before reading any more input
     if (it_ == std::ranges::end(view_)) {
       end_input();
       return false;

@@ -81,6 +81,7 @@ class PoolCoreImpl final : public PoolCore, public std::enable_shared_from_this<
   void terminate() override;
   Task<void> join() override;
   int processes() const noexcept override { return processes_; }
+  bool terminated() const noexcept override { return terminated_; }
   std::vector<pid_t> worker_pids() const override;
   void shut_down() override;
 
@@ -464,9 +465,12 @@ void PoolCoreImpl::on_worker_gone(const std::shared_ptr<Worker>& worker) {
 void PoolCoreImpl::cancel(const JobSink* sink) {
   if (terminated_) return;
   for (auto& w : workers_) {
-    std::uint64_t running = reinterpret_cast<RunningSlot*>(w->running_slot.data())->request_id.load();
-    if (auto it = w->in_flight.find(running); it != w->in_flight.end() && it->second->sink.get() == sink)
-      stop_running_job(*w, running, nullptr);
+    auto& slot = *reinterpret_cast<RunningSlot*>(w->running_slot.data());
+    for (auto& [id, job] : w->in_flight) {
+      if (job->sink.get() != sink) continue;
+      slot.mark_cancelled(id);  // first (see RunningSlot): not yet taken up, it is skipped
+      if (slot.request_id.load() == id) stop_running_job(*w, id, nullptr);
+    }
   }
   dispatch();  // drops its queued jobs
 }

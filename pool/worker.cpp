@@ -24,6 +24,15 @@ void serve_task(Channel& channel, Message& task, BorrowedStorages& borrowed, Run
   running.element.store(0, std::memory_order_relaxed);
   running.request_id.store(task.request_id, std::memory_order_release);
   TaskCall call = read_task(task, borrowed);
+  if (running.is_cancelled(task.request_id)) {
+    // Cancelled after it was sent: not run. (The parent has failed it already.)
+    try {
+      throw Cancelled();
+    } catch (...) {
+      channel.send(kErrorMessage, task.request_id, encode_current_exception().bytes());
+    }
+    return;
+  }
   Writer out(&borrowed);  // a result may be a storage the task lent: it goes back by id
   try {
     call.invoker(call.function, call.range, call.arguments, out, running.element);

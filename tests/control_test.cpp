@@ -78,15 +78,19 @@ class ControlTest : public ::testing::Test {
 TEST_F(ControlTest, CancellingAQueuedTaskDropsItAndItNeverRuns) {
   Pool pool({.processes = 1});
   auto running = pool.apply_async(sleep_ms, 200);
-  auto sent = pool.apply_async(square, 2);    // already in the worker's socket
-  auto queued = pool.apply_async(mark_ran, 1);  // still in the pool's queue
+  auto sent = pool.apply_async(count_then_sleep_ms, 5000);  // already in the worker's socket
+  auto queued = pool.apply_async(mark_ran, 1);              // still in the pool's queue
+  sent.cancel();
   queued.cancel();
-  ASSERT_TRUE(queued.ready());
+  ASSERT_TRUE(sent.ready() && queued.ready());
+  EXPECT_THROW(sent.get(), Cancelled);
   EXPECT_THROW(queued.get(), Cancelled);
+  pid_t worker = pool.worker_pids().at(0);
   EXPECT_EQ(running.get(), 200);
-  EXPECT_EQ(sent.get(), 4);
-  EXPECT_EQ(pool.apply_async(square, 3).get(), 9);  // after everything queued before it
+  EXPECT_EQ(pool.apply_async(square, 3).get(2s), 9);  // not behind a 5 s task nobody wants
+  EXPECT_EQ(shared()->calls.load(), 0);
   EXPECT_EQ(shared()->ran_marked.load(), 0);
+  EXPECT_EQ(pool.worker_pids().at(0), worker);  // skipped, not killed
 }
 
 TEST_F(ControlTest, CancellingARunningTaskKillsItsWorkerAndWorkQueuedBehindItSucceeds) {

@@ -582,10 +582,10 @@ TEST_P(PoolTest, AStreamStartsWorkAtTheCall) {
 }
 
 TEST_P(PoolTest, AStreamThatOutlivesItsPoolReportsPoolTerminated) {
+  std::vector<int> many(1000, 1);  // the input outlives the stream, as it must
   std::optional<Stream<int>> stream;
   {
     Pool pool(options(1));
-    std::vector<int> many(1000, 1);
     stream.emplace(pool.imap(sleep_ms, std::views::all(many) | std::views::transform([](int x) { return x; })));
   }
   auto drain = [](Stream<int>& s) -> Task<void> {

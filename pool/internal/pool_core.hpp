@@ -36,6 +36,7 @@ class PoolCore {
   virtual void close() = 0;
   virtual void terminate() = 0;
   virtual Task<void> join() = 0;  // std::logic_error unless close() or terminate() came first
+  virtual bool terminated() const noexcept = 0;
   virtual int processes() const noexcept = 0;
   virtual std::vector<pid_t> worker_pids() const = 0;
   // For ~Pool: terminate(), and have the workers reaped before the loop's run() returns (now,

@@ -60,10 +60,27 @@ enum MessageKind : std::uint16_t {
 // (0 before the first). A worker is sent its jobs in rising id order and takes them up in that
 // order, so after its death a job in flight with a higher id never started; one with this id or
 // lower ran (its reply, if sent, was unreadable).
+//
+// Cancelling a job the worker has been sent but not taken up: the parent marks its id in
+// `cancelled` and then reads `request_id`; the worker stores `request_id` and then looks for a
+// mark. Either the worker sees the mark and skips the job (replying Cancelled), or the parent
+// sees the job taken up and stops the worker. (A worker has at most a few jobs in flight, so a
+// small ring of marks is never overwritten while one is still wanted.)
 struct RunningSlot {
+  static constexpr std::size_t kCancelMarks = 8;
   std::atomic<std::uint64_t> request_id;
   std::atomic<std::uint64_t> element;  // of that task's chunk: the one being called
+  std::atomic<std::uint64_t> next_mark;
+  std::atomic<std::uint64_t> cancelled[kCancelMarks];
+
+  void mark_cancelled(std::uint64_t id) noexcept { cancelled[next_mark++ % kCancelMarks].store(id); }
+  bool is_cancelled(std::uint64_t id) const noexcept {
+    for (const auto& mark : cancelled)
+      if (mark.load() == id) return true;
+    return false;
+  }
 };
+static_assert(sizeof(RunningSlot) <= 4096);
 inline constexpr std::size_t kRunningSlotBytes = 4096;
 
 // A chunk is sent whole; when its worker dies, the part before the element that was running and
