@@ -14,17 +14,19 @@
 
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/internal/errno.hpp>
+#include <forkpool/runtime/internal/loaded_objects.hpp>
 
 namespace forkpool::detail {
 namespace {
 
 SpawnedWorker fork_worker(const WorkerSpec& spec, int index, UniqueFd channel) {
+  auto objects = loaded_object_bases();
   pid_t parent = getpid();
   pid_t pid = fork_helper();
   if (pid < 0) throw_last_errno("forkpool: fork");
   if (pid == 0) worker_main(spec, index, parent, std::move(channel));
   try {
-    return {pid, open_pidfd(pid)};  // our unreaped child: its pid cannot be recycled yet
+    return {pid, open_pidfd(pid), std::move(objects)};  // our unreaped child: its pid cannot be recycled yet
   } catch (...) {
     kill(pid, SIGKILL);  // a worker we cannot watch must not run
     waitpid(pid, nullptr, 0);
@@ -197,7 +199,7 @@ class ForkServerLauncher final : public Launcher {
       ours.release().reset();
       zygote_main(spec_, parent, theirs.release());
     }
-    zygote_ = {pid, open_pidfd(pid)};
+    zygote_ = {pid, open_pidfd(pid), loaded_object_bases()};  // what every worker it forks has
     control_.emplace(ours.release());
   }
 
@@ -227,7 +229,7 @@ class ForkServerLauncher final : public Launcher {
     auto pid = decode<std::int64_t>(reply.payload.bytes());
     if (pid < 0) throw std::system_error(static_cast<int>(-pid), std::generic_category(), "forkpool: fork (in the fork server)");
     if (reply.fds.size() != 1) throw ProtocolError("forkpool: the fork server replied without a pidfd");
-    return {static_cast<pid_t>(pid), std::move(reply.fds[0])};
+    return {static_cast<pid_t>(pid), std::move(reply.fds[0]), zygote_.objects};
   }
 
   // One blocking round trip: the fork server answers at once. Throws ChannelClosed when the

@@ -5,8 +5,11 @@
 
 #include <algorithm>
 #include <csignal>
+#include <cstring>
 #include <deque>
 #include <map>
+#include <set>
+#include <unordered_map>
 #include <optional>
 #include <stdexcept>
 #include <stop_token>
@@ -22,6 +25,7 @@
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/internal/event.hpp>
 #include <forkpool/runtime/internal/io.hpp>
+#include <forkpool/runtime/internal/loaded_objects.hpp>
 #include <forkpool/runtime/internal/loop_internals.hpp>
 #include <forkpool/runtime/scope.hpp>
 #include <forkpool/shm/internal/name_tracker.hpp>
@@ -99,6 +103,7 @@ class PoolCoreImpl final : public PoolCore, public std::enable_shared_from_this<
   void cancel(const JobSink* sink) override;
   void stop_running_job(Worker& worker, std::uint64_t id, std::exception_ptr reason);
   Task<void> enforce_task_timeout();
+  std::vector<const LoadedObject*> objects_to_introduce(Worker& worker, const ByteBuffer& payload);
   Task<void> serve(std::shared_ptr<Worker> worker);
   Task<void> watch(std::shared_ptr<Worker> worker);
   Task<void> send_outbox(std::shared_ptr<Worker> worker);
@@ -118,6 +123,7 @@ class PoolCoreImpl final : public PoolCore, public std::enable_shared_from_this<
   std::exception_ptr broken_;     // why no worker can be started any more (the initializer)
   Event all_exited_;
   std::stop_source stop_timers_;  // ends enforce_task_timeout() on terminate()
+  std::unordered_map<std::uint64_t, std::optional<LoadedObject>> object_by_address_;  // of task functions
   Scope background_;  // each worker's serve(), watch() and send_outbox()
 };
 
@@ -141,6 +147,7 @@ struct PoolCoreImpl::Worker {
   Clock::time_point running_since;  // when its oldest job in flight started (task_timeout)
   std::uint64_t stopped_job = 0;    // killed by us to stop this job (cancel, task_timeout)
   std::exception_ptr stop_reason;   // why, when the job is still wanted (TimeoutError)
+  std::set<std::uintptr_t> objects_sent;  // objects it was told to load (introduce_objects)
   ExitStatus status;
   Event exited;
 };
@@ -308,6 +315,8 @@ Task<void> PoolCoreImpl::send(std::shared_ptr<Worker> worker, std::shared_ptr<Jo
   std::vector<int> fds = task_descriptors(handover.fds, job->root().attachments);
   std::exception_ptr send_error;
   try {
+    for (const LoadedObject* object : objects_to_introduce(*worker, job->payload))
+      co_await worker->channel->async_send(kLoadObjectMessage, 0, encode_object(*object).bytes());
     co_await worker->channel->async_send(kTaskMessage, id, job->payload, fds);
   } catch (const ChannelClosed&) {
     // The worker died: its death fails or retries this job.
@@ -323,6 +332,28 @@ Task<void> PoolCoreImpl::send(std::shared_ptr<Worker> worker, std::shared_ptr<Jo
   worker->in_flight.erase(it);
   job->sink->chunk_failed(job->chunk, send_error);
   dispatch();
+}
+
+// A task names its functions by address. A function in an object the parent loaded after
+// forking the worker (a plugin dlopen()ed later) is not at that address there: the worker is
+// told to load the object first, and translates. Throws Error for code in no object.
+std::vector<const LoadedObject*> PoolCoreImpl::objects_to_introduce(Worker& worker, const ByteBuffer& payload) {
+  std::vector<const LoadedObject*> objects;
+  for (std::size_t at : {std::size_t{0}, sizeof(std::uint64_t)}) {
+    std::uint64_t address = 0;
+    std::memcpy(&address, payload.data() + at, sizeof address);
+    if (address == 0) continue;  // a captureless lambda: rebuilt from its type
+    auto cached = object_by_address_.find(address);
+    if (cached == object_by_address_.end()) cached = object_by_address_.emplace(address, object_at(address)).first;
+    const std::optional<LoadedObject>& object = cached->second;
+    if (!object)
+      throw Error("forkpool: the task's function at " + std::to_string(address) +
+                  " is in no loaded object (code made at run time cannot be sent to a worker)");
+    if (worker.process.objects->contains(object->base) || worker.objects_sent.contains(object->base)) continue;
+    worker.objects_sent.insert(object->base);
+    objects.push_back(&*object);
+  }
+  return objects;
 }
 
 Task<void> PoolCoreImpl::serve(std::shared_ptr<Worker> worker) {

@@ -1,4 +1,5 @@
 #include <forkpool/pool/internal/task_message.hpp>
+#include <forkpool/runtime/internal/loaded_objects.hpp>
 
 #include <forkpool/ipc/internal/frame.hpp>
 #include <forkpool/pool/internal/loans.hpp>
@@ -68,6 +69,16 @@ TaskCall read_task(Message& task, BorrowedStorages& borrowed) {
   auto function = static_cast<std::uintptr_t>(header.read<std::uint64_t>());
   return {invoker, function, range,
           Reader(payload.subspan(kHeader, body_end - kHeader), std::span(task.fds).subspan(taken), &borrowed)};
+}
+
+Writer encode_object(const LoadedObject& object) {
+  return encode(std::tuple<std::string, std::string, std::uint64_t, std::uint64_t>(object.path, object.build_id,
+                                                                                   object.base, object.size));
+}
+
+LoadedObject decode_object(std::span<const std::byte> payload) {
+  auto [path, build_id, base, size] = decode<std::tuple<std::string, std::string, std::uint64_t, std::uint64_t>>(payload);
+  return {std::move(path), std::move(build_id), static_cast<std::uintptr_t>(base), static_cast<std::uintptr_t>(size)};
 }
 
 Writer encode_current_exception() {

@@ -14,12 +14,14 @@
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/internal/process.hpp>
 #include <forkpool/pool/internal/task_message.hpp>
+#include <forkpool/runtime/internal/loaded_objects.hpp>
 
 namespace forkpool::detail {
 namespace {
 
 // Throws ProtocolError when the message's lent storages are not valid: the conversation is broken.
-void serve_task(Channel& channel, Message& task, BorrowedStorages& borrowed, RunningSlot& running) {
+void serve_task(Channel& channel, Message& task, BorrowedStorages& borrowed, RunningSlot& running,
+                const ObjectTranslation& objects) {
   // Taken up from here: a crash while decoding is this task's too, never the next one's.
   running.element.store(0, std::memory_order_relaxed);
   running.request_id.store(task.request_id, std::memory_order_release);
@@ -35,7 +37,8 @@ void serve_task(Channel& channel, Message& task, BorrowedStorages& borrowed, Run
   }
   Writer out(&borrowed);  // a result may be a storage the task lent: it goes back by id
   try {
-    call.invoker(call.function, call.range, call.arguments, out, running.element);
+    auto invoker = reinterpret_cast<Invoker>(objects.translate(reinterpret_cast<std::uintptr_t>(call.invoker)));
+    invoker(objects.translate(call.function), call.range, call.arguments, out, running.element);
   } catch (...) {
     channel.send(kErrorMessage, task.request_id, encode_current_exception().bytes());
     return;
@@ -60,6 +63,7 @@ void worker_main(const WorkerSpec& spec, int index, pid_t parent, UniqueFd chann
   Storage::forget_inherited();
   int served = 0;
   BorrowedStorages borrowed;  // storages the parent lent, mapped until it releases them
+  ObjectTranslation objects;  // objects the parent loaded after forking us
   try {
     Mapping slot = receive_running_slot(channel);
     auto& running = *reinterpret_cast<RunningSlot*>(slot.data());
@@ -74,6 +78,10 @@ void worker_main(const WorkerSpec& spec, int index, pid_t parent, UniqueFd chann
     }
     for (;;) {
       Message message = channel.receive();
+      if (message.kind == kLoadObjectMessage) {
+        objects.load(decode_object(message.payload.bytes()));
+        continue;
+      }
       if (message.kind == kReleaseMessage) {
         borrowed.release(decode<std::vector<std::uint64_t>>(message.payload.bytes()));
         continue;
@@ -81,7 +89,7 @@ void worker_main(const WorkerSpec& spec, int index, pid_t parent, UniqueFd chann
       if (message.kind != kTaskMessage)
         throw ProtocolError("forkpool: the parent sent a message of unknown kind " + std::to_string(message.kind));
       // Everything the task made is destroyed before the next one starts.
-      serve_task(channel, message, borrowed, running);
+      serve_task(channel, message, borrowed, running, objects);
       if (spec.maxtasksperchild > 0 && ++served >= spec.maxtasksperchild) break;
     }
   } catch (const ChannelClosed&) {

@@ -4,7 +4,9 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <memory>
+#include <set>
 
 #include <forkpool/ipc/internal/channel.hpp>
 #include <forkpool/runtime/internal/process.hpp>
@@ -16,6 +18,9 @@ namespace forkpool::detail {
 struct SpawnedWorker {
   pid_t pid = -1;
   UniqueFd pidfd;  // readable once the worker has exited
+  // The objects loaded (at these bases) in the process it was forked from, when it was forked:
+  // it has their code at the same addresses.
+  std::shared_ptr<const std::set<std::uintptr_t>> objects;
 };
 
 class Launcher {

@@ -17,6 +17,9 @@
 //   error   (worker -> parent): [type name][message] of what the task threw; with request id 0,
 //                               of what the pool's initializer threw (the worker then exits)
 //   release (parent -> worker): [ids of lent storages the parent released]
+//   load object (parent -> worker): [path][build id][base][size] of an object the parent loaded
+//                               after forking the worker, sent before the first task whose
+//                               function is in it; the worker loads it and translates addresses
 //
 // Lent storages are loans.hpp's: the worker keeps them mapped until the parent releases them.
 // Function addresses are valid in the worker because it is a fork of the parent's image.
@@ -47,6 +50,7 @@ struct Message;
 namespace forkpool::detail {
 
 class BorrowedStorages;
+struct LoadedObject;
 
 enum MessageKind : std::uint16_t {
   kTaskMessage = 1,
@@ -54,6 +58,7 @@ enum MessageKind : std::uint16_t {
   kErrorMessage = 3,
   kReleaseMessage = 4,
   kHelloMessage = 5,
+  kLoadObjectMessage = 6,
 };
 
 // Shared between the parent and one worker: the request id of the last task the worker took up
@@ -232,6 +237,10 @@ struct TaskCall {
 // Reads `task`: maps the storages it lends that are new here (into `borrowed`) and returns the
 // call. Throws ProtocolError when the message is malformed.
 TaskCall read_task(Message& task, BorrowedStorages& borrowed);
+
+// The payload of a load-object message.
+Writer encode_object(const LoadedObject& object);
+LoadedObject decode_object(std::span<const std::byte> payload);
 
 // The payload of an error message: the type name and message of the exception being handled
 // (encode), and back into exception E (decode; ProtocolError when malformed).
