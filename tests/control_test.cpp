@@ -17,25 +17,22 @@
 #include <vector>
 
 #include <forkpool/forkpool.hpp>
+#include "support.hpp"
 
 namespace forkpool {
 namespace {
 
+using test_support::eventually;
+
 using namespace std::chrono_literals;
 
-// Memory shared with every worker (mapped before any pool forks).
+// Counters shared with every worker.
 struct Shared {
   std::atomic<int> calls;
   std::atomic<int> ran_marked;
   std::atomic<pid_t> running_pid;
 };
-Shared* shared() {
-  static Shared* s = [] {
-    void* p = mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    return new (p) Shared{};
-  }();
-  return s;
-}
+Shared* shared() { return &test_support::shared_across_forks<Shared>(); }
 
 int square(int x) { return x * x; }
 int sleep_ms(int ms) {
@@ -55,15 +52,6 @@ int mark_ran(int x) {
 int spin_forever(int) {
   volatile long spins = 0;
   for (;;) spins = spins + 1;
-}
-
-template <class F>
-bool eventually(F condition) {
-  for (int i = 0; i < 500; ++i) {
-    if (condition()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return condition();
 }
 
 class ControlTest : public ::testing::Test {

@@ -27,6 +27,8 @@
 namespace forkpool {
 namespace {
 
+using test_support::eventually;
+
 using namespace std::chrono_literals;
 using test_support::children_named;
 using test_support::children_of;
@@ -37,15 +39,6 @@ using test_support::run_in_child;
 int square(int x) { return x * x; }
 
 // Polls `condition` for up to two seconds.
-template <class F>
-bool eventually(F condition) {
-  for (int i = 0; i < 200; ++i) {
-    if (condition()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return condition();
-}
-
 pid_t the_fork_server() {
   std::vector<pid_t> servers = children_named("forkpool-zygote");
   return servers.size() == 1 ? servers[0] : -1;
@@ -163,13 +156,7 @@ struct Counters {
   std::atomic<int> calls;
   std::atomic<int> pid_of_task[4096];
 };
-Counters* counters() {
-  static Counters* c = [] {
-    void* p = mmap(nullptr, sizeof(Counters), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    return new (p) Counters{};
-  }();
-  return c;
-}
+Counters* counters() { return &test_support::shared_across_forks<Counters>(); }
 void reset_counters() {
   for (auto& r : counters()->runs) r = 0;
   counters()->calls = 0;

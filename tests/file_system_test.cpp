@@ -26,20 +26,13 @@
 namespace forkpool {
 namespace {
 
+using test_support::eventually;
+
 using namespace std::chrono_literals;
 using test_support::children_named;
 using test_support::in_fresh_process;
 using test_support::rerun_in_fresh_process;
 using test_support::run_in_child;
-
-template <class F>
-bool eventually(F condition, std::chrono::milliseconds limit = 3s) {
-  for (auto deadline = std::chrono::steady_clock::now() + limit; std::chrono::steady_clock::now() < deadline;) {
-    if (condition()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return condition();
-}
 
 bool segment_exists(const std::string& name) { return std::filesystem::exists("/dev/shm/" + name); }
 

@@ -25,6 +25,8 @@
 namespace forkpool {
 namespace {
 
+using test_support::eventually;
+
 using detail::PeerLoans;
 using detail::MessageLoan;
 using detail::BorrowedStorages;
@@ -49,15 +51,6 @@ int tensor_mappings_of(pid_t pid) {
   for (std::string line; std::getline(maps, line);)
     if (line.find("memfd:forkpool-tensor") != std::string::npos) ++count;
   return count;
-}
-
-bool eventually(const std::function<bool()>& condition, std::chrono::milliseconds limit = 2000ms) {
-  auto deadline = std::chrono::steady_clock::now() + limit;
-  while (!condition()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(5ms);
-  }
-  return true;
 }
 
 TEST(Loans, ATensorSentAgainIsNotAdoptedAgainByTheWorker) {

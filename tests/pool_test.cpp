@@ -38,13 +38,7 @@ struct Shared {
   std::atomic<int> initializer_runs;
   std::atomic<int> running_pid;
 };
-Shared* shared() {
-  static Shared* s = [] {
-    void* p = mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    return new (p) Shared{};
-  }();
-  return s;
-}
+Shared* shared() { return &test_support::shared_across_forks<Shared>(); }
 
 int square(int x) { return x * x; }
 int add(int a, int b) { return a + b; }

@@ -3,8 +3,13 @@
 
 #include <sys/types.h>
 
+#include <sys/mman.h>
+
+#include <chrono>
 #include <functional>
+#include <new>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace forkpool::test_support {
@@ -27,6 +32,24 @@ char process_state(pid_t pid);
 
 // The children of this process named `name` (comm), e.g. "forkpool-zygote".
 std::vector<pid_t> children_named(const std::string& name);
+
+// Polls `condition` every 5 ms until it holds (true) or `limit` passes (false).
+template <class F>
+bool eventually(F condition, std::chrono::milliseconds limit = std::chrono::seconds(3)) {
+  for (auto deadline = std::chrono::steady_clock::now() + limit; std::chrono::steady_clock::now() < deadline;) {
+    if (condition()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return condition();
+}
+
+// One value-initialized T in memory shared with every process forked after the first call (for
+// counters that workers write and the test reads). Call it before making a pool.
+template <class T>
+T& shared_across_forks() {
+  static T* value = new (mmap(nullptr, sizeof(T), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0)) T{};
+  return *value;
+}
 
 // Runs `body` in a forked child and returns its exit status as waitpid() reports it. The child
 // exits 0 if `body` returns normally, 1 if it throws.
