@@ -24,7 +24,7 @@ void serve_task(Channel& channel, Message& task, BorrowedStorages& borrowed, Run
                 const ObjectTranslation& objects) {
   // Taken up from here: a crash while decoding is this task's too, never the next one's.
   running.element.store(0, std::memory_order_relaxed);
-  running.request_id.store(task.request_id, std::memory_order_release);
+  running.request_id.store(task.request_id);  // seq_cst: ordered before the cancel marks are read (RunningSlot)
   TaskCall call = read_task(task, borrowed);
   if (running.is_cancelled(task.request_id)) {
     // Cancelled after it was sent: not run. (The parent has failed it already.)
