@@ -521,10 +521,10 @@ Task<void> PoolCoreImpl::enforce_task_timeout() {
   const auto timeout = options_.task_timeout;
   while (!terminated_) {
     Clock::time_point now = Clock::now();
-    Clock::time_point wake = now + timeout;
+    Clock::time_point wake = saturating_add(now, timeout);
     for (auto& w : workers_) {
       if (w->in_flight.empty() || w->stopped_job || w->exited.is_set()) continue;
-      Clock::time_point deadline = w->running_since + timeout;
+      Clock::time_point deadline = saturating_add(w->running_since, timeout);
       if (deadline > now) {
         wake = std::min(wake, deadline);
         continue;

@@ -152,7 +152,7 @@ class AsyncResult {
       if (auto source = weak.lock()) source->request_stop();
     });
     std::stop_token token = stop->get_token();
-    co_await wait_until(Clock::now() + timeout, token);
+    co_await wait_until(deadline_after(timeout), token);
     co_return ready();
   }
 

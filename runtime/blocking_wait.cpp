@@ -20,7 +20,7 @@ bool drive_loop_until(const std::function<bool()>& ready, std::optional<std::chr
   timer.kind = OpKind::timeout;
   timer.context = &timer_done;
   timer.on_complete = [](Operation* op, int) { *static_cast<bool*>(op->context) = true; };
-  timer.deadline = to_kernel_time(Clock::now() + *timeout);
+  timer.deadline = to_kernel_time(deadline_after(*timeout));
   LoopInternals::start(loop, &timer);
   LoopInternals::drive_until(loop, [&] { return timer_done || ready(); });
   if (!timer_done) {

@@ -6,6 +6,12 @@
 #include <forkpool/runtime/internal/loop_internals.hpp>
 
 namespace forkpool {
+Clock::time_point saturating_add(Clock::time_point from, std::chrono::nanoseconds duration) {
+  if (duration <= std::chrono::nanoseconds::zero()) return from + duration;
+  if (duration >= Clock::time_point::max() - from) return Clock::time_point::max();
+  return from + duration;
+}
+
 __kernel_timespec to_kernel_time(Clock::time_point when) {
   // steady_clock is CLOCK_MONOTONIC on Linux, the clock the kernel's timeouts use.
   auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(when.time_since_epoch()).count();

@@ -163,7 +163,7 @@ std::size_t Loop::run_ready() {
 }
 
 Task<void> sleep_until(Clock::time_point when) { co_await wait_until(when); }
-Task<void> sleep_for(std::chrono::nanoseconds duration) { co_await wait_until(Clock::now() + duration); }
+Task<void> sleep_for(std::chrono::nanoseconds duration) { co_await wait_until(deadline_after(duration)); }
 
 }  // namespace forkpool
 

@@ -133,6 +133,18 @@ TEST_F(ControlTest, TaskTimeoutCountsFromTheTasksStartNotItsSubmission) {
   EXPECT_EQ(pool.worker_pids().at(0), worker);
 }
 
+TEST_F(ControlTest, ATimeoutOfNanosecondsMaxMeansNever) {
+  PoolOptions o{.processes = 1};
+  o.task_timeout = std::chrono::nanoseconds::max();
+  Pool pool(o);
+  pid_t worker = pool.worker_pids().at(0);
+  auto r = pool.apply_async(sleep_ms, 100);
+  EXPECT_EQ(r.get(std::chrono::nanoseconds::max()), 100);
+  EXPECT_EQ(pool.worker_pids().at(0), worker);  // not stopped at once by an overflowed deadline
+  auto body = [&]() -> Task<bool> { co_return co_await pool.apply_async(sleep_ms, 50).async_wait(std::chrono::nanoseconds::max()); };
+  EXPECT_TRUE(run(body()));
+}
+
 TEST_F(ControlTest, AsyncWaitSaysWhetherTheResultWasReadyInTime) {
   Pool pool({.processes = 1});
   auto body = [&]() -> Task<std::pair<bool, bool>> {

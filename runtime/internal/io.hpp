@@ -85,6 +85,13 @@ IoAwaitable wait_process_exit(int pidfd, IoOptions options = {});
 // Completes with 0 at `when` (or -ECANCELED when stopped first).
 IoAwaitable wait_until(Clock::time_point when, StopRef stop = {});
 
+// `from + duration`, or the latest time point when that would overflow: a timeout of
+// nanoseconds::max() means "never", not "already passed".
+Clock::time_point saturating_add(Clock::time_point from, std::chrono::nanoseconds duration);
+inline Clock::time_point deadline_after(std::chrono::nanoseconds duration) {
+  return saturating_add(Clock::now(), duration);
+}
+
 // The kernel's form of a point on the steady clock (CLOCK_MONOTONIC).
 __kernel_timespec to_kernel_time(Clock::time_point when);
 
