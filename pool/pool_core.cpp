@@ -103,7 +103,7 @@ class PoolCoreImpl final : public PoolCore, public std::enable_shared_from_this<
   void cancel(const JobSink* sink) override;
   void stop_running_job(Worker& worker, std::uint64_t id, std::exception_ptr reason);
   Task<void> enforce_task_timeout();
-  std::vector<const LoadedObject*> objects_to_introduce(Worker& worker, const ByteBuffer& payload);
+  std::vector<const LoadedObject*> objects_to_introduce(const Worker& worker, const ByteBuffer& payload);
   Task<void> serve(std::shared_ptr<Worker> worker);
   Task<void> watch(std::shared_ptr<Worker> worker);
   Task<void> send_outbox(std::shared_ptr<Worker> worker);
@@ -147,9 +147,11 @@ struct PoolCoreImpl::Worker {
   Clock::time_point running_since;  // when its oldest job in flight started (task_timeout)
   std::uint64_t stopped_job = 0;    // killed by us to stop this job (cancel, task_timeout)
   std::exception_ptr stop_reason;   // why, when the job is still wanted (TimeoutError)
-  std::set<std::uintptr_t> objects_sent;  // objects it was told to load (introduce_objects)
+  std::set<std::uintptr_t> objects_sent;  // objects it was told to load (objects_to_introduce)
   ExitStatus status;
   Event exited;
+
+  RunningSlot& slot() const noexcept { return *reinterpret_cast<RunningSlot*>(running_slot.data()); }
 };
 
 PoolCore::PoolCore() : owner_thread_(std::this_thread::get_id()), owner_pid_(current_pid()) {}
@@ -315,8 +317,10 @@ Task<void> PoolCoreImpl::send(std::shared_ptr<Worker> worker, std::shared_ptr<Jo
   std::vector<int> fds = task_descriptors(handover.fds, job->root().attachments);
   std::exception_ptr send_error;
   try {
-    for (const LoadedObject* object : objects_to_introduce(*worker, job->payload))
+    for (const LoadedObject* object : objects_to_introduce(*worker, job->payload)) {
       co_await worker->channel->async_send(kLoadObjectMessage, 0, encode_object(*object).bytes());
+      worker->objects_sent.insert(object->base);  // only once it went out: a failed send says it again
+    }
     co_await worker->channel->async_send(kTaskMessage, id, job->payload, fds);
   } catch (const ChannelClosed&) {
     // The worker died: its death fails or retries this job.
@@ -337,7 +341,7 @@ Task<void> PoolCoreImpl::send(std::shared_ptr<Worker> worker, std::shared_ptr<Jo
 // A task names its functions by address. A function in an object the parent loaded after
 // forking the worker (a plugin dlopen()ed later) is not at that address there: the worker is
 // told to load the object first, and translates. Throws Error for code in no object.
-std::vector<const LoadedObject*> PoolCoreImpl::objects_to_introduce(Worker& worker, const ByteBuffer& payload) {
+std::vector<const LoadedObject*> PoolCoreImpl::objects_to_introduce(const Worker& worker, const ByteBuffer& payload) {
   std::vector<const LoadedObject*> objects;
   for (std::size_t at : {std::size_t{0}, sizeof(std::uint64_t)}) {
     std::uint64_t address = 0;
@@ -350,8 +354,7 @@ std::vector<const LoadedObject*> PoolCoreImpl::objects_to_introduce(Worker& work
       throw Error("forkpool: the task's function at " + std::to_string(address) +
                   " is in no loaded object (code made at run time cannot be sent to a worker)");
     if (worker.process.objects->contains(object->base) || worker.objects_sent.contains(object->base)) continue;
-    worker.objects_sent.insert(object->base);
-    objects.push_back(&*object);
+    if (std::find(objects.begin(), objects.end(), &*object) == objects.end()) objects.push_back(&*object);
   }
   return objects;
 }
@@ -449,7 +452,7 @@ void PoolCoreImpl::on_worker_gone(const std::shared_ptr<Worker>& worker) {
 
   // Only jobs the worker took up ran; the others never started and go back to the front of the
   // queue, in order, at no cost to their retries (RunningSlot).
-  auto& slot = *reinterpret_cast<RunningSlot*>(worker->running_slot.data());
+  RunningSlot& slot = worker->slot();
   std::uint64_t last_taken = slot.request_id.load();
   std::vector<std::pair<std::shared_ptr<Job>, std::exception_ptr>> failed;
   std::deque<std::shared_ptr<Job>> requeued;
@@ -496,7 +499,7 @@ void PoolCoreImpl::on_worker_gone(const std::shared_ptr<Worker>& worker) {
 void PoolCoreImpl::cancel(const JobSink* sink) {
   if (terminated_) return;
   for (auto& w : workers_) {
-    auto& slot = *reinterpret_cast<RunningSlot*>(w->running_slot.data());
+    RunningSlot& slot = w->slot();
     for (auto& [id, job] : w->in_flight) {
       if (job->sink.get() != sink) continue;
       slot.mark_cancelled(id);  // first (see RunningSlot): not yet taken up, it is skipped
