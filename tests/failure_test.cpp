@@ -279,11 +279,11 @@ TEST_P(WorkFailureTest, RandomKillsWithoutRetriesFailOnlyTasksThatRanOnTheKilled
   EXPECT_LE(lost, static_cast<int>(killed.size()));  // at most the one task each killed worker ran
 }
 
-INSTANTIATE_TEST_SUITE_P(StartMethods, WorkFailureTest, ::testing::Values(StartMethod::fork, StartMethod::forkserver),
-                         [](const auto& info) { return info.param == StartMethod::fork ? "fork" : "forkserver"; });
+INSTANTIATE_TEST_SUITE_P(StartMethods, WorkFailureTest, test_support::both_start_methods(),
+                         test_support::start_method_name);
 
-INSTANTIATE_TEST_SUITE_P(StartMethods, HelperFailureTest, ::testing::Values(StartMethod::fork, StartMethod::forkserver),
-                         [](const auto& info) { return info.param == StartMethod::fork ? "fork" : "forkserver"; });
+INSTANTIATE_TEST_SUITE_P(StartMethods, HelperFailureTest, test_support::both_start_methods(),
+                         test_support::start_method_name);
 
 }  // namespace
 }  // namespace forkpool

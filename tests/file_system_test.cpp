@@ -165,8 +165,8 @@ TEST_P(FileSystemTest, AnAllocationWithoutDescriptorsIsAnExceptionAndLeavesNoSeg
   EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(StartMethods, FileSystemTest, ::testing::Values(StartMethod::fork, StartMethod::forkserver),
-                         [](const auto& info) { return info.param == StartMethod::fork ? "fork" : "forkserver"; });
+INSTANTIATE_TEST_SUITE_P(StartMethods, FileSystemTest, test_support::both_start_methods(),
+                         test_support::start_method_name);
 
 }  // namespace
 }  // namespace forkpool

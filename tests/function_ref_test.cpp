@@ -11,6 +11,7 @@
 
 #include <forkpool/pool/pool.hpp>
 #include <forkpool/runtime/loop.hpp>
+#include "support.hpp"
 
 namespace forkpool {
 namespace {
@@ -79,8 +80,8 @@ TEST_P(FunctionRefTest, ALibraryThatIsAnotherBuildInTheWorkerIsAnErrorNotACrash)
   EXPECT_EQ(pool.worker_pids().at(0), worker);  // an error, not a crash
 }
 
-INSTANTIATE_TEST_SUITE_P(StartMethods, FunctionRefTest, ::testing::Values(StartMethod::fork, StartMethod::forkserver),
-                         [](const auto& info) { return info.param == StartMethod::fork ? "fork" : "forkserver"; });
+INSTANTIATE_TEST_SUITE_P(StartMethods, FunctionRefTest, test_support::both_start_methods(),
+                         test_support::start_method_name);
 
 }  // namespace
 }  // namespace forkpool

@@ -644,8 +644,8 @@ TEST_P(PoolTest, AWorkerThatBreaksTheProtocolIsReplacedAndItsTaskFailsWithProtoc
   EXPECT_NE(pool.worker_pids().at(0), before);
 }
 
-INSTANTIATE_TEST_SUITE_P(StartMethods, PoolTest, ::testing::Values(StartMethod::fork, StartMethod::forkserver),
-                         [](const auto& info) { return info.param == StartMethod::fork ? "fork" : "forkserver"; });
+INSTANTIATE_TEST_SUITE_P(StartMethods, PoolTest, test_support::both_start_methods(),
+                         test_support::start_method_name);
 
 }  // namespace
 }  // namespace forkpool

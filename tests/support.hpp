@@ -5,6 +5,8 @@
 
 #include <sys/mman.h>
 
+#include <gtest/gtest.h>
+
 #include <chrono>
 #include <functional>
 #include <new>
@@ -12,7 +14,15 @@
 #include <thread>
 #include <vector>
 
+#include <forkpool/pool/pool_options.hpp>
+
 namespace forkpool::test_support {
+
+// The start methods a pool test runs under, and their names in the test's name.
+inline auto both_start_methods() { return ::testing::Values(StartMethod::fork, StartMethod::forkserver); }
+inline std::string start_method_name(const ::testing::TestParamInfo<StartMethod>& info) {
+  return info.param == StartMethod::fork ? "fork" : "forkserver";
+}
 
 // How many descriptors this process has open (counted in /proc/self/fd).
 int open_fd_count();
