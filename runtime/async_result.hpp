@@ -81,6 +81,13 @@ class ResultState : public std::enable_shared_from_this<ResultState<R>> {
     callbacks_.push_back(std::move(callback));
   }
 
+  // Stops `timer` once the outcome is set (async_wait's wake-up). Timers whose wait is over are
+  // dropped as new ones come, so a loop of short waits does not pile them up.
+  void stop_on_done(const std::shared_ptr<std::stop_source>& timer) {
+    std::erase_if(timers_, [](const auto& weak) { return weak.expired(); });
+    timers_.push_back(timer);
+  }
+
   Event& done() noexcept { return done_; }
 
   R copy() const {
@@ -96,8 +103,11 @@ class ResultState : public std::enable_shared_from_this<ResultState<R>> {
   void finish() {
     canceller_ = {};
     auto callbacks = std::exchange(callbacks_, {});
+    auto timers = std::exchange(timers_, {});
     auto self = this->shared_from_this();  // a resumed waiter may drop its result
     done_.set();
+    for (auto& weak : timers)
+      if (auto timer = weak.lock()) timer->request_stop();
     for (auto& callback : callbacks) run(callback);
   }
   void run(const Callback& callback) {
@@ -113,6 +123,7 @@ class ResultState : public std::enable_shared_from_this<ResultState<R>> {
   Event done_;
   std::function<void()> canceller_;
   std::vector<Callback> callbacks_;
+  std::vector<std::weak_ptr<std::stop_source>> timers_;
   Progress progress_;
 };
 
@@ -148,9 +159,7 @@ class AsyncResult {
   Task<bool> async_wait(std::chrono::nanoseconds timeout) const {
     if (ready()) co_return true;
     auto stop = std::make_shared<std::stop_source>();
-    state_->on_done([weak = std::weak_ptr<std::stop_source>(stop)](auto) {
-      if (auto source = weak.lock()) source->request_stop();
-    });
+    state_->stop_on_done(stop);
     std::stop_token token = stop->get_token();
     co_await wait_until(deadline_after(timeout), token);
     co_return ready();
