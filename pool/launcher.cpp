@@ -13,6 +13,7 @@
 #include <system_error>
 
 #include <forkpool/runtime/error.hpp>
+#include <forkpool/shm/internal/slab.hpp>
 #include <forkpool/runtime/internal/errno.hpp>
 #include <forkpool/runtime/internal/loaded_objects.hpp>
 
@@ -117,6 +118,7 @@ class ZygoteChildren {
 
 [[noreturn]] void zygote_main(const WorkerSpec& spec, pid_t parent, UniqueFd control_fd) noexcept {
   int fd = become_helper_process("forkpool-zygote", parent, control_fd.release());
+  Slab::unmap_inherited();  // the workers it forks must not keep the parent's freed slabs alive
   Channel control{UniqueFd(fd)};
   ZygoteChildren children;
   try {

@@ -19,7 +19,7 @@
 #include <forkpool/ipc/internal/mapping.hpp>
 #include <forkpool/ipc/internal/memfd.hpp>
 #include <forkpool/pool/internal/launcher.hpp>
-#include <forkpool/pool/internal/loans.hpp>
+#include <forkpool/pool/internal/peer_memory.hpp>
 #include <forkpool/pool/internal/task_message.hpp>
 #include <forkpool/runtime/internal/process.hpp>
 #include <forkpool/runtime/error.hpp>
@@ -54,20 +54,20 @@ std::unique_ptr<Launcher> make_launcher(const PoolOptions& options) {
   throw std::invalid_argument("forkpool: StartMethod::spawn is not supported yet; use fork or forkserver");
 }
 
-// Tells the worker at the other end of `line` which storages it was lent were released here.
-// Never blocks: what the socket cannot take now goes with a later call. Safe on any thread.
-void send_released(PeerLoans& loans, Channel& line) {
-  std::vector<std::uint64_t> ids = loans.take_released();
-  if (ids.empty()) return;
-  Writer message = encode(ids);
+// Tells the worker at the other end of `line` which of its blocks were let go here and which
+// of our slabs are gone. Never blocks: what the socket cannot take now goes with a later call.
+// Safe on any thread.
+void send_release(PeerMemory& memory, Channel& line) {
+  PeerMemory::Release release = memory.take_release();
+  if (release.empty()) return;
   try {
-    if (line.try_send(kReleaseMessage, 0, message.bytes())) return;
+    if (line.try_send(kReleaseMessage, 0, release.encode().bytes())) return;
   } catch (const ChannelClosed&) {
     return;  // the worker is exiting: it unmaps everything
   } catch (const std::exception&) {
     // kept for later
   }
-  loans.keep_released(ids);
+  memory.restore(std::move(release));
 }
 
 }  // namespace
@@ -132,9 +132,9 @@ struct PoolCoreImpl::Worker {
   SpawnedWorker process;
   std::optional<Channel> channel;
   std::map<std::uint64_t, std::shared_ptr<Job>> in_flight;  // by request id
-  std::shared_ptr<PeerLoans> loans = std::make_shared<PeerLoans>();  // storages it keeps mapped for us
+  std::shared_ptr<PeerMemory> memory = std::make_shared<PeerMemory>();  // the slabs and blocks we share
   std::shared_ptr<Channel> release_line;  // its socket again, for releases sent from any thread
-  // Jobs to send, in order: a job may rely on a storage an earlier one lent, and two sends in
+  // Jobs to send, in order: a job may rely on a slab an earlier one introduced, and two sends in
   // flight at once could overtake each other when the socket is full.
   std::deque<std::pair<std::uint64_t, std::shared_ptr<Job>>> outbox;
   bool sending = false;
@@ -212,8 +212,8 @@ void PoolCoreImpl::start_worker() {
   int slot_fd = slot.get();
   try {
     worker->channel->send(kHelloMessage, 0, {}, std::span(&slot_fd, 1));  // an empty socket: no wait
-    // A storage released here, on any thread, is dropped by the worker at once. The line owns
-    // its own descriptor, so it stays valid however the release races with the worker's end.
+    // A block let go here, on any thread, goes home to the worker at once. The line owns its
+    // own descriptor, so it stays valid however the release races with the worker's end.
     worker->release_line = std::make_shared<Channel>(duplicate_fd(worker->channel->fd()));
   } catch (...) {
     worker->write_closed = true;  // never picked for a job
@@ -221,7 +221,7 @@ void PoolCoreImpl::start_worker() {
     background_.start(serve(worker));  // reads to end-of-file, then lets the worker go
     throw;
   }
-  worker->loans->on_release([line = worker->release_line](PeerLoans& loans) { send_released(loans, *line); });
+  worker->memory->on_release_due([line = worker->release_line](PeerMemory& memory) { send_release(memory, *line); });
   background_.start(serve(worker));
 }
 
@@ -311,17 +311,20 @@ Task<void> PoolCoreImpl::send_outbox(std::shared_ptr<Worker> worker) {
 }
 
 Task<void> PoolCoreImpl::send(std::shared_ptr<Worker> worker, std::shared_ptr<Job> job, std::uint64_t id) {
-  send_released(*worker->loans, *worker->release_line);
-  // The worker keeps lent storages: only those new to it carry their descriptors.
-  PeerLoans::Handover handover = worker->loans->lend(job->root().loan);
-  std::vector<int> fds = task_descriptors(handover.fds, job->root().attachments);
+  send_release(*worker->memory, *worker->release_line);
+  // The worker keeps slabs mapped: only those new to it are introduced, with their descriptors.
+  std::optional<PeerMemory::Introduction> introduction = worker->memory->lend(job->root().blocks);
   std::exception_ptr send_error;
   try {
     for (const LoadedObject* object : objects_to_introduce(*worker, job->payload)) {
       co_await worker->channel->async_send(kLoadObjectMessage, 0, encode_object(*object).bytes());
       worker->objects_sent.insert(object->base);  // only once it went out: a failed send says it again
     }
-    co_await worker->channel->async_send(kTaskMessage, id, job->payload, fds);
+    if (introduction) {
+      co_await worker->channel->async_send(kSlabMessage, 0, introduction->payload.bytes(), introduction->fds);
+      introduction.reset();  // the worker knows those slabs now, whatever becomes of the task
+    }
+    co_await worker->channel->async_send(kTaskMessage, id, job->payload, job->root().attachments.fds());
   } catch (const ChannelClosed&) {
     // The worker died: its death fails or retries this job.
   } catch (...) {
@@ -329,8 +332,8 @@ Task<void> PoolCoreImpl::send(std::shared_ptr<Worker> worker, std::shared_ptr<Jo
   }
   if (!send_error) co_return;
   // The job could not be sent (a descriptor limit, say): it fails alone, the worker carries on,
-  // without the storages it was to be lent.
-  worker->loans->unlend(handover.new_ids);
+  // without the blocks it was to be lent.
+  worker->memory->unlend(job->root().blocks, introduction);
   auto it = worker->in_flight.find(id);
   if (it == worker->in_flight.end()) co_return;
   worker->in_flight.erase(it);
@@ -398,6 +401,15 @@ void PoolCoreImpl::handle_reply(Worker& worker, Message& message) {
     }
     return;  // the worker exits; on_worker_gone decides what follows
   }
+  if (message.kind == kSlabMessage || message.kind == kReleaseMessage) {
+    try {
+      if (message.kind == kSlabMessage) worker.memory->accept_introduction(message.payload.bytes(), message.fds);
+      else worker.memory->accept_release(message.payload.bytes());
+    } catch (...) {
+      reject(worker, std::current_exception());
+    }
+    return;
+  }
   auto it = worker.in_flight.find(message.request_id);
   if (it == worker.in_flight.end()) {
     reject(worker, std::make_exception_ptr(ProtocolError("forkpool: worker " + std::to_string(worker.process.pid) +
@@ -410,8 +422,9 @@ void PoolCoreImpl::handle_reply(Worker& worker, Message& message) {
   if (!worker.in_flight.empty()) worker.running_since = Clock::now();  // it has taken up the next
   try {
     if (message.kind == kResultMessage) {
-      Reader results = message.reader();
-      results.set_context(&job->root().loan);  // the results may name storages the job lent
+      TabledPayload payload = split_block_table(message.payload.bytes());
+      IncomingBlocks blocks = worker.memory->accept_blocks(payload.table);
+      Reader results(payload.body, message.fds, &blocks);
       job->sink->chunk_done(job->chunk, job->range, results);
       initializer_failures_ = 0;  // a worker that serves proves the initializer can succeed
     } else if (message.kind == kErrorMessage) {
@@ -427,8 +440,8 @@ void PoolCoreImpl::handle_reply(Worker& worker, Message& message) {
   } catch (...) {
     job->sink->chunk_failed(job->chunk, std::current_exception());
   }
-  job.reset();  // may release lent storages
-  send_released(*worker.loans, *worker.release_line);  // any the socket could not take earlier
+  job.reset();  // may let go of blocks
+  send_release(*worker.memory, *worker.release_line);  // with any the socket could not take earlier
   dispatch();  // after close(), this also retires the worker once it is idle
 }
 
@@ -448,6 +461,7 @@ Task<void> PoolCoreImpl::watch(std::shared_ptr<Worker> worker) {
 
 void PoolCoreImpl::on_worker_gone(const std::shared_ptr<Worker>& worker) {
   std::erase(workers_, worker);
+  worker->memory->peer_gone();
   if (worker->initializer_error && ++initializer_failures_ >= kMaxInitializerFailures) broken_ = worker->initializer_error;
 
   // Only jobs the worker took up ran; the others never started and go back to the front of the

@@ -2,22 +2,16 @@
 #include <forkpool/runtime/internal/loaded_objects.hpp>
 
 #include <forkpool/ipc/internal/frame.hpp>
-#include <forkpool/pool/internal/loans.hpp>
+#include <forkpool/pool/internal/peer_memory.hpp>
 #include <forkpool/runtime/internal/describe_exception.hpp>
 
 namespace forkpool::detail {
 
-namespace {
-// Bytes from the end of a task message to its range: the lent ids and their number.
-std::size_t lent_ids_bytes(std::size_t lent) { return lent * sizeof(std::uint64_t) + sizeof(std::uint32_t); }
-}  // namespace
-
-void write_task_trailer(Writer& w, std::size_t count, const MessageLoan& loan) {
+void write_task_trailer(Writer& w, std::size_t count, const OutgoingBlocks& blocks) {
   w.write(static_cast<std::uint64_t>(count));
   w.write(std::uint64_t{0});
   w.write(static_cast<std::uint64_t>(count));
-  for (const auto& storage : loan.storages()) w.write(storage->id());
-  w.write(static_cast<std::uint32_t>(loan.storages().size()));
+  blocks.write_table(w);
 }
 
 std::shared_ptr<Job> job_part(const std::shared_ptr<Job>& job, std::uint64_t first, std::uint64_t end) {
@@ -28,47 +22,30 @@ std::shared_ptr<Job> job_part(const std::shared_ptr<Job>& job, std::uint64_t fir
   part->payload = root->payload;
   part->range = {root->range.count, first, end};
   part->attempts = job->attempts;
-  std::size_t at = part->payload.size() - lent_ids_bytes(root->loan.storages().size()) - 2 * sizeof(std::uint64_t);
+  std::size_t at = part->payload.size() - root->blocks.table_bytes() - 2 * sizeof(std::uint64_t);
   std::memcpy(part->payload.data() + at, &first, sizeof first);
   std::memcpy(part->payload.data() + at + sizeof first, &end, sizeof end);
   part->whole = std::move(root);
   return part;
 }
 
-std::vector<int> task_descriptors(std::span<const int> new_lent_fds, const Attachments& attachments) {
-  std::vector<int> fds(new_lent_fds.begin(), new_lent_fds.end());
-  fds.insert(fds.end(), attachments.fds().begin(), attachments.fds().end());
-  return fds;
-}
-
-TaskCall read_task(Message& task, BorrowedStorages& borrowed) {
-  std::span<const std::byte> payload = task.payload.bytes();
+TaskCall read_task(Message& task, PeerMemory& memory) {
+  TabledPayload payload = split_block_table(task.payload.bytes());
   constexpr std::size_t kHeader = 2 * sizeof(std::uint64_t);
-  std::uint32_t lent = 0;
-  if (payload.size() < kHeader + sizeof(std::uint64_t) + sizeof lent)
-    throw ProtocolError("forkpool: a task message of " + std::to_string(payload.size()) + " bytes is too short");
-  std::memcpy(&lent, payload.data() + payload.size() - sizeof lent, sizeof lent);
-  std::size_t trailer = 3 * sizeof(std::uint64_t) + lent_ids_bytes(lent);
-  if (trailer > payload.size() - kHeader)
-    throw ProtocolError("forkpool: a task message claims " + std::to_string(lent) + " lent storages in " +
-                        std::to_string(payload.size()) + " bytes");
-  std::size_t body_end = payload.size() - trailer;
+  constexpr std::size_t kRange = 3 * sizeof(std::uint64_t);
+  std::span<const std::byte> body = payload.body;
+  if (body.size() < kHeader + kRange)
+    throw ProtocolError("forkpool: a task message of " + std::to_string(task.payload.bytes().size()) + " bytes is too short");
   ElementRange range;
-  std::memcpy(&range.count, payload.data() + body_end, sizeof range.count);
-  std::memcpy(&range.first, payload.data() + body_end + 8, sizeof range.first);
-  std::memcpy(&range.end, payload.data() + body_end + 16, sizeof range.end);
+  std::memcpy(&range, body.data() + body.size() - kRange, kRange);
   if (range.first > range.end || range.end > range.count)
     throw ProtocolError("forkpool: a task message runs elements [" + std::to_string(range.first) + ", " +
                         std::to_string(range.end) + ") of " + std::to_string(range.count));
-  std::vector<std::uint64_t> lent_ids(lent);
-  if (lent > 0) std::memcpy(lent_ids.data(), payload.data() + body_end + 24, lent * sizeof(std::uint64_t));
-
-  std::size_t taken = borrowed.begin_message(lent_ids, task.fds);
-  Reader header(payload.first(kHeader));
+  Reader header(body.first(kHeader));
   auto invoker = reinterpret_cast<Invoker>(static_cast<std::uintptr_t>(header.read<std::uint64_t>()));
   auto function = static_cast<std::uintptr_t>(header.read<std::uint64_t>());
-  return {invoker, function, range,
-          Reader(payload.subspan(kHeader, body_end - kHeader), std::span(task.fds).subspan(taken), &borrowed)};
+  return {invoker, function, range, body.subspan(kHeader, body.size() - kHeader - kRange),
+          memory.accept_blocks(payload.table)};
 }
 
 Writer encode_object(const LoadedObject& object) {

@@ -9,7 +9,7 @@
 #include <forkpool/ipc/internal/channel.hpp>
 #include <forkpool/ipc/internal/mapping.hpp>
 #include <forkpool/ipc/internal/memfd.hpp>
-#include <forkpool/pool/internal/loans.hpp>
+#include <forkpool/pool/internal/peer_memory.hpp>
 #include <forkpool/shm/internal/storage.hpp>
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/internal/process.hpp>
@@ -19,13 +19,23 @@
 namespace forkpool::detail {
 namespace {
 
-// Throws ProtocolError when the message's lent storages are not valid: the conversation is broken.
-void serve_task(Channel& channel, Message& task, BorrowedStorages& borrowed, RunningSlot& running,
+// Sends what the parent should learn before the message that carries `blocks`: the blocks and
+// slabs let go of here (they go home before the result that may end the parent's wait), and the
+// slabs new to it. The blocks are lent from here on.
+void before_sending(Channel& channel, PeerMemory& memory, const OutgoingBlocks& blocks) {
+  if (PeerMemory::Release release = memory.take_release(); !release.empty())
+    channel.send(kReleaseMessage, 0, release.encode().bytes());
+  if (auto introduction = memory.lend(blocks))
+    channel.send(kSlabMessage, 0, introduction->payload.bytes(), introduction->fds);
+}
+
+// Throws ProtocolError when the message's blocks are not valid: the conversation is broken.
+void serve_task(Channel& channel, Message& task, PeerMemory& memory, RunningSlot& running,
                 const ObjectTranslation& objects) {
   // Taken up from here: a crash while decoding is this task's too, never the next one's.
   running.element.store(0, std::memory_order_relaxed);
   running.request_id.store(task.request_id);  // seq_cst: ordered before the cancel marks are read (RunningSlot)
-  TaskCall call = read_task(task, borrowed);
+  TaskCall call = read_task(task, memory);
   if (running.is_cancelled(task.request_id)) {
     // Cancelled after it was sent: not run. (The parent has failed it already.)
     try {
@@ -35,14 +45,21 @@ void serve_task(Channel& channel, Message& task, BorrowedStorages& borrowed, Run
     }
     return;
   }
-  Writer out(&borrowed);  // a result may be a storage the task lent: it goes back by id
+  OutgoingBlocks reply;
+  Writer out(&reply);
   try {
+    Reader arguments(call.elements, task.fds, &call.blocks);
     auto invoker = reinterpret_cast<Invoker>(objects.translate(reinterpret_cast<std::uintptr_t>(call.invoker)));
-    invoker(objects.translate(call.function), call.range, call.arguments, out, running.element);
+    invoker(objects.translate(call.function), call.range, arguments, out, running.element);
+    reply.write_table(out);
   } catch (...) {
+    call.blocks = IncomingBlocks({});
+    before_sending(channel, memory, {});
     channel.send(kErrorMessage, task.request_id, encode_current_exception().bytes());
     return;
   }
+  call.blocks = IncomingBlocks({});  // the arguments are gone: what only they held goes home now
+  before_sending(channel, memory, reply);
   channel.send(kResultMessage, task.request_id, out.bytes(), out.fds());
 }
 
@@ -62,7 +79,7 @@ void worker_main(const WorkerSpec& spec, int index, pid_t parent, UniqueFd chann
   Channel channel{UniqueFd(fd)};
   Storage::forget_inherited();
   int served = 0;
-  BorrowedStorages borrowed;  // storages the parent lent, mapped until it releases them
+  auto memory = std::make_shared<PeerMemory>();  // shared memory between the parent and us
   ObjectTranslation objects;  // objects the parent loaded after forking us
   try {
     Mapping slot = receive_running_slot(channel);
@@ -77,19 +94,25 @@ void worker_main(const WorkerSpec& spec, int index, pid_t parent, UniqueFd chann
       }
     }
     for (;;) {
+      // What was let go of since (a release of ours freed a slab, say) goes home before we wait.
+      before_sending(channel, *memory, {});
       Message message = channel.receive();
       if (message.kind == kLoadObjectMessage) {
         objects.load(decode_object(message.payload.bytes()));
         continue;
       }
+      if (message.kind == kSlabMessage) {
+        memory->accept_introduction(message.payload.bytes(), message.fds);
+        continue;
+      }
       if (message.kind == kReleaseMessage) {
-        borrowed.release(decode<std::vector<std::uint64_t>>(message.payload.bytes()));
+        memory->accept_release(message.payload.bytes());
         continue;
       }
       if (message.kind != kTaskMessage)
         throw ProtocolError("forkpool: the parent sent a message of unknown kind " + std::to_string(message.kind));
       // Everything the task made is destroyed before the next one starts.
-      serve_task(channel, message, borrowed, running, objects);
+      serve_task(channel, message, *memory, running, objects);
       if (spec.maxtasksperchild > 0 && ++served >= spec.maxtasksperchild) break;
     }
   } catch (const ChannelClosed&) {

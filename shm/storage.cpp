@@ -18,6 +18,7 @@
 #include <forkpool/ipc/internal/memfd.hpp>
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/shm/internal/name_tracker.hpp>
+#include <forkpool/shm/internal/slab_allocator.hpp>
 #include <forkpool/runtime/internal/errno.hpp>
 
 namespace forkpool {
@@ -104,6 +105,7 @@ void Storage::allocate_named(Storage& storage, std::size_t bytes) {
   storage.kind_ = Kind::named;
   storage.data_ = storage.mapping_.data() + kSegmentDataOffset;
   storage.holders()->store(1);
+  detail::mapped_counters().add(0, static_cast<std::int64_t>(storage.mapping_.size()), 1);
 }
 
 bool Storage::segment_intact() const noexcept {
@@ -112,20 +114,26 @@ bool Storage::segment_intact() const noexcept {
 }
 
 std::shared_ptr<Storage> Storage::allocate(std::size_t bytes) {
+  if (get_sharing_strategy() == SharingStrategy::file_descriptor) return detail::SlabAllocator::instance().allocate(bytes);
   std::shared_ptr<Storage> storage(new Storage());
-  if (get_sharing_strategy() == SharingStrategy::file_descriptor) {
-    storage->fd_ = create_memfd("forkpool-tensor", bytes);
-    seal_size(storage->fd_.get());
-    storage->mapping_ = Mapping::map(storage->fd_.get(), bytes, PROT_READ | PROT_WRITE);
-    storage->data_ = storage->mapping_.data();
-  } else {
-    allocate_named(*storage, bytes);
-  }
+  allocate_named(*storage, bytes);
   storage->size_ = bytes;
   struct stat st = stat_of(storage->fd_.get(), "forkpool: new storage");
   remember(storage, st.st_dev, st.st_ino);
   return storage;
 }
+
+std::shared_ptr<Storage> Storage::block(std::shared_ptr<Slab> slab, std::size_t offset, std::size_t bytes) {
+  std::shared_ptr<Storage> storage(new Storage());
+  storage->kind_ = Kind::block;
+  storage->data_ = slab->data() + offset;
+  storage->size_ = bytes;
+  storage->slab_offset_ = offset;
+  storage->slab_ = std::move(slab);
+  return storage;
+}
+
+int Storage::fd() const noexcept { return slab_ ? slab_->fd() : fd_.get(); }
 
 std::shared_ptr<Storage> Storage::external(std::byte* data, std::size_t bytes, std::function<void()> release) {
   std::shared_ptr<Storage> storage(new Storage());
@@ -150,6 +158,7 @@ std::shared_ptr<Storage> Storage::adopt_memfd(UniqueFd fd, std::size_t min_bytes
   storage->size_ = size;
   storage->fd_ = std::move(fd);
   remember(storage, st.st_dev, st.st_ino);
+  detail::mapped_counters().add(0, static_cast<std::int64_t>(size), 1);
   return storage;
 }
 
@@ -173,6 +182,7 @@ std::shared_ptr<Storage> Storage::adopt_named(const std::string& name, std::size
   storage->name_ = name;
   detail::track_segment_name(name);
   storage->mapping_ = Mapping::map(fd.get(), size, PROT_READ | PROT_WRITE);
+  detail::mapped_counters().add(0, static_cast<std::int64_t>(size), 1);
   storage->data_ = storage->mapping_.data() + kSegmentDataOffset;
   storage->size_ = size - kSegmentDataOffset;
   storage->fd_ = std::move(fd);
@@ -183,6 +193,11 @@ std::shared_ptr<Storage> Storage::adopt_named(const std::string& name, std::size
 Storage::~Storage() {
   for (auto& weak : listeners_)
     if (auto listener = weak.lock()) listener->storage_released(id_);
+  if (kind_ == Kind::block) {
+    slab_->block_released(slab_offset_);
+    return;
+  }
+  if (mapping_.data()) detail::mapped_counters().add(0, -static_cast<std::int64_t>(mapping_.size()), -1);
   if (cached_) {
     auto& cache = MappedStorages::instance();
     std::lock_guard lock(cache.mutex);
@@ -218,9 +233,12 @@ std::atomic<std::int64_t>* Storage::holders() const noexcept {
 }
 
 void Storage::forget_inherited() noexcept {
-  auto& cache = MappedStorages::instance();
-  std::lock_guard lock(cache.mutex);
-  cache.by_inode.clear();  // only weak references: the parent's storages are left as they are
+  {
+    auto& cache = MappedStorages::instance();
+    std::lock_guard lock(cache.mutex);
+    cache.by_inode.clear();  // only weak references: the parent's storages are left as they are
+  }
+  Slab::forget_inherited();
 }
 
 std::shared_ptr<Storage> Storage::cached(dev_t device, ino_t inode) {

@@ -46,7 +46,9 @@ Tensor Tensor::empty(std::vector<std::int64_t> shape, DType dtype) {
 }
 
 Tensor Tensor::zeros(std::vector<std::int64_t> shape, DType dtype) {
-  return empty(std::move(shape), dtype);  // new shared memory is zero-filled by the kernel
+  Tensor t = empty(std::move(shape), dtype);
+  if (t.storage_) std::memset(t.raw_data(), 0, t.nbytes());
+  return t;
 }
 
 Tensor Tensor::from_storage(std::shared_ptr<Storage> storage, std::int64_t byte_offset,

@@ -25,7 +25,9 @@ class Tensor {
   // No storage; numel() == 0.
   Tensor() = default;
 
-  // Shared from birth (the kind of storage follows get_sharing_strategy()), zero-filled.
+  // Shared from birth (the kind of storage follows get_sharing_strategy()). empty() leaves the
+  // bytes as they are, as torch.empty does: recycled memory holds what the last tensor left in
+  // it. zeros() clears them.
   static Tensor empty(std::vector<std::int64_t> shape, DType dtype);
   static Tensor zeros(std::vector<std::int64_t> shape, DType dtype);
   // Copies `values` once into new shared storage; numel of `shape` must equal values.size().

@@ -3,34 +3,23 @@
 #include <string>
 
 #include <forkpool/runtime/error.hpp>
+#include <forkpool/shm/internal/slab_allocator.hpp>
 #include <forkpool/shm/internal/storage_conversation.hpp>
 
 namespace forkpool {
 namespace {
 
-// memfd: a descriptor rides along; named: a /dev/shm name; lent: lent by this message or an
-// earlier one of the conversation (storage_loans.hpp), by the lender's id; returned: a storage the
-// message being answered lent, by that id.
-enum class StorageKind : std::uint8_t { none, memfd, named, lent, returned };
+// memfd: a descriptor rides along; named: a /dev/shm name; block: a block of a slab, by its
+// place in the message's table of blocks (storage_conversation.hpp).
+enum class StorageKind : std::uint8_t { none, memfd, named, block };
 constexpr std::size_t kMaxDims = 64;
-
-// A storage named by id in this conversation.
-std::shared_ptr<Storage> find_referenced(Reader& r, detail::StorageReference ref, std::uint64_t min_size) {
-  auto* conversation = dynamic_cast<const detail::StorageConversation*>(r.context());
-  std::shared_ptr<Storage> storage = conversation ? conversation->resolve(ref) : nullptr;
-  if (!storage)
-    r.fail("tensor names storage " + std::to_string(ref.id) + ", which this conversation did not " +
-           (ref.returned ? "lend in the message answered" : "lend"));
-  if (storage->size() < min_size) r.fail("tensor storage " + std::to_string(ref.id) + " is shorter than claimed");
-  return storage;
-}
 
 }  // namespace
 
 template <>
 struct enum_bounds<StorageKind> {
   static constexpr StorageKind min = StorageKind::none;
-  static constexpr StorageKind max = StorageKind::returned;
+  static constexpr StorageKind max = StorageKind::block;
 };
 
 void codec<Tensor>::encode(Writer& w, const Tensor& tensor) {
@@ -44,9 +33,19 @@ void codec<Tensor>::encode(Writer& w, const Tensor& tensor) {
         "forkpool: this tensor's memory is not shared (it came from DLPack): call share_memory_() to copy it "
         "into shared memory once, then send it");
   auto* conversation = dynamic_cast<detail::StorageConversation*>(w.context());
-  if (auto ref = conversation ? conversation->reference(storage) : std::nullopt) {
-    w.write(ref->returned ? StorageKind::returned : StorageKind::lent);
-    w.write(ref->id);
+  std::uint64_t storage_size = storage->size();
+  std::int64_t offset = tensor.storage_offset();
+  if (auto index = storage->slab() && conversation ? conversation->block_index(storage) : std::nullopt) {
+    w.write(StorageKind::block);
+    w.write(*index);
+  } else if (Slab* slab = storage->slab()) {
+    // No conversation to say when the receiver lets go: the whole slab crosses, and its blocks
+    // are never handed out again (the slab goes once those in use come back).
+    detail::SlabAllocator::instance().retire(*slab);
+    w.write(StorageKind::memfd);
+    w.write(w.attach_fd(slab->fd(), storage));
+    storage_size = slab->size();
+    offset += static_cast<std::int64_t>(storage->slab_offset());
   } else if (storage->strategy() == SharingStrategy::file_descriptor) {
     w.write(StorageKind::memfd);
     w.write(w.attach_fd(storage->fd(), storage));  // the message keeps the storage, no dup
@@ -55,8 +54,8 @@ void codec<Tensor>::encode(Writer& w, const Tensor& tensor) {
     w.write(storage->name());
     storage->add_message_reference();
   }
-  w.write(static_cast<std::uint64_t>(storage->size()));
-  w.write(tensor.storage_offset());
+  w.write(storage_size);
+  w.write(offset);
   w.write(tensor.dtype());
   w.write(std::vector<std::int64_t>(tensor.shape().begin(), tensor.shape().end()));
   w.write(std::vector<std::int64_t>(tensor.strides().begin(), tensor.strides().end()));
@@ -65,12 +64,10 @@ void codec<Tensor>::encode(Writer& w, const Tensor& tensor) {
 Tensor codec<Tensor>::decode(Reader& r) {
   auto kind = r.read<StorageKind>();
   if (kind == StorageKind::none) return Tensor();
-  std::uint32_t fd_index = 0;
-  std::uint64_t lent_id = 0;
+  std::uint32_t index = 0;  // of the descriptor (memfd) or of the block (block)
   std::string name;
-  if (kind == StorageKind::memfd) fd_index = r.read<std::uint32_t>();
-  else if (kind == StorageKind::named) name = r.read<std::string>();
-  else lent_id = r.read<std::uint64_t>();
+  if (kind == StorageKind::named) name = r.read<std::string>();
+  else index = r.read<std::uint32_t>();
   auto storage_size = r.read<std::uint64_t>();
   auto offset = r.read<std::int64_t>();
   auto dtype = r.read<DType>();
@@ -87,11 +84,15 @@ Tensor codec<Tensor>::decode(Reader& r) {
 
   std::shared_ptr<Storage> storage;
   switch (kind) {
-    case StorageKind::memfd: storage = Storage::adopt_memfd(r.take_fd(fd_index), storage_size); break;
+    case StorageKind::memfd: storage = Storage::adopt_memfd(r.take_fd(index), storage_size); break;
     case StorageKind::named: storage = Storage::adopt_named(name, storage_size); break;
-    default:
-      storage = find_referenced(r, {lent_id, kind == StorageKind::returned}, storage_size);
+    default: {
+      auto* conversation = dynamic_cast<const detail::StorageConversation*>(r.context());
+      storage = conversation ? conversation->block_at(index) : nullptr;
+      if (!storage) r.fail("tensor names block " + std::to_string(index) + ", which its message does not carry");
+      if (storage->size() < storage_size) r.fail("tensor claims a block larger than the one its message carries");
       break;
+    }
   }
   return Tensor::from_storage(std::move(storage), offset, std::move(shape), std::move(strides), dtype);
 }

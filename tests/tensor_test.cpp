@@ -139,8 +139,11 @@ TEST_P(SharingStrategies, ASentTensorIsTheSameMemory) {
   Tensor received = through_channel(t);
   received.data<float>()[3] = 7.0f;
   EXPECT_EQ(t.data<float>()[3], 7.0f);
-  // Already mapped here: reused, not mapped again.
-  EXPECT_EQ(received.raw_data(), t.raw_data());
+  // A segment already mapped here is reused, not mapped again. (A block sent outside a pool's
+  // conversation carries its whole slab, which is mapped whole.)
+  if (GetParam() == SharingStrategy::file_system) {
+    EXPECT_EQ(received.raw_data(), t.raw_data());
+  }
 }
 
 TEST_P(SharingStrategies, SlicesAndViewsKeepTheirOffsets) {
@@ -254,7 +257,9 @@ TEST(Tensor, ASegmentNameThatIsNotForkpoolsIsAProtocolError) {
   EXPECT_THROW(decode<Tensor>(m.payload.bytes()), ProtocolError);
 }
 
-TEST(Tensor, AHundredThousandReceivedTensorsNeverExhaustDescriptors) {
+// Outside a pool, a tensor carries its slab's descriptor in every message; a receiver that drops
+// it closes the descriptor. (In a pool a slab crosses once: shared_memory_test.cpp.)
+TEST(Tensor, ThousandsOfTensorsReceivedOutsideAPoolNeverExhaustDescriptors) {
   int status = test_support::run_in_child([] {
     rlimit limit{256, 256};
     if (setrlimit(RLIMIT_NOFILE, &limit) != 0) throw std::runtime_error("setrlimit");
@@ -262,7 +267,7 @@ TEST(Tensor, AHundredThousandReceivedTensorsNeverExhaustDescriptors) {
     pid_t pid = fork();
     if (pid == 0) {
       receiver.release().reset();
-      for (int i = 0; i < 100'000; ++i) {
+      for (int i = 0; i < 2'000; ++i) {
         Tensor t = Tensor::empty({4}, DType::i32);  // distinct storage each time
         t.data<std::int32_t>()[0] = i;
         Writer w = encode(t);
@@ -272,7 +277,7 @@ TEST(Tensor, AHundredThousandReceivedTensorsNeverExhaustDescriptors) {
       _exit(0);
     }
     sender.release().reset();
-    for (int i = 0; i < 100'000; ++i) {
+    for (int i = 0; i < 2'000; ++i) {
       Message m = receiver.receive();
       Tensor t = decode<Tensor>(m.payload.bytes(), m.fds);
       if (t.data<std::int32_t>()[0] != i) throw std::runtime_error("wrong tensor");
@@ -402,11 +407,11 @@ TEST(Tensor, AFullDescriptorTableIsAProtocolErrorAndThePoolRecovers) {
     pool.apply_async(make_in_worker, 4).get();  // warm: every descriptor the pool needs is open
     rlimit limit{static_cast<rlim_t>(test_support::open_fd_count() + 16), 1024};
     if (setrlimit(RLIMIT_NOFILE, &limit) != 0) throw std::runtime_error("setrlimit");
-    std::vector<Tensor> held;  // each keeps its storage's descriptor open
+    std::vector<Tensor> held;  // each keeps its slab, and the slab's descriptor, open
     bool refused = false;
     for (int i = 0; i < 64 && !refused; ++i) {
       try {
-        held.push_back(pool.apply_async(make_in_worker, 4).get());
+        held.push_back(pool.apply_async(make_in_worker, 1 << 20).get());  // a 4 MiB slab each
       } catch (const ProtocolError& e) {
         refused = std::string(e.what()).find("descriptor table") != std::string::npos;
         if (!refused) throw;

@@ -7,7 +7,7 @@
 #include <memory>
 
 #include <forkpool/ipc/codec.hpp>
-#include <forkpool/pool/internal/message_loan.hpp>
+#include <forkpool/pool/internal/peer_memory.hpp>
 
 namespace forkpool::detail {
 
@@ -37,12 +37,12 @@ struct Job {
   std::shared_ptr<JobSink> sink;
   std::size_t chunk = 0;
   ByteBuffer payload;        // a task message (task_message.hpp)
-  MessageLoan loan;          // storages the arguments lend: held until the result is decoded
+  OutgoingBlocks blocks;     // the arguments' tensors: held until the result is decoded
   Attachments attachments;   // descriptors the arguments carry otherwise
   ElementRange range;        // the elements of the chunk this job runs
   int attempts = 0;          // runs lost with a dying worker so far
   // A part of a chunk sent again after its worker died (job_part()): the job it came from,
-  // whose loan and attachments it uses.
+  // whose blocks and attachments it uses.
   std::shared_ptr<Job> whole;
 
   Job& root() noexcept { return whole ? *whole : *this; }

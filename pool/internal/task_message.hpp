@@ -6,22 +6,21 @@
 //     payload      [u64 invoker address][u64 function address]
 //                  [the chunk's elements, each codec-encoded]
 //                  [u64 element count][u64 first][u64 end]
-//                  [u64 lent storage id]...[u32 number of lent ids]
+//                  [table of blocks] (peer_memory.hpp)
 //                  the worker calls elements [first, end) of the chunk (all of them, but for a
 //                  retried part of a chunk whose worker died: see ElementRange)
-//     descriptors  first the memfds of the lent storages the worker does not hold yet, in the
-//                  order of their ids above (task_descriptors()); then what the elements attached,
-//                  which they name by index among these
+//     descriptors  what the elements attached, which they name by index
 //   hello   (parent -> worker): the first message; carries one memfd, the worker's RunningSlot
-//   result  (worker -> parent): [u64 count of results, end - first][results...]
+//   result  (worker -> parent): [u64 count of results, end - first][results...][table of blocks]
 //   error   (worker -> parent): [type name][message] of what the task threw; with request id 0,
 //                               of what the pool's initializer threw (the worker then exits)
-//   release (parent -> worker): [ids of lent storages the parent released]
+//   slabs   (either way): the slabs the next message names that are new to the receiver,
+//                         with their descriptors (PeerMemory::Introduction)
+//   release (either way): blocks let go and slabs gone (PeerMemory::Release)
 //   load object (parent -> worker): [path][build id][base][size] of an object the parent loaded
 //                               after forking the worker, sent before the first task whose
 //                               function is in it; the worker loads it and translates addresses
 //
-// Lent storages are loans.hpp's: the worker keeps them mapped until the parent releases them.
 // Function addresses are valid in the worker because it is a fork of the parent's image.
 
 #include <atomic>
@@ -49,7 +48,7 @@ struct Message;
 
 namespace forkpool::detail {
 
-class BorrowedStorages;
+class PeerMemory;
 struct LoadedObject;
 
 enum MessageKind : std::uint16_t {
@@ -59,6 +58,7 @@ enum MessageKind : std::uint16_t {
   kReleaseMessage = 4,
   kHelloMessage = 5,
   kLoadObjectMessage = 6,
+  kSlabMessage = 7,
 };
 
 // Shared between the parent and one worker: the request id of the last task the worker took up
@@ -192,18 +192,18 @@ template <class F, class Element, bool Spread>
 using CallResult = typename Call<F, Element, Spread>::Result;
 
 // Writes the trailer of a task message: the element count, the range [0, count) to run, and
-// the ids the message lends.
-void write_task_trailer(Writer& w, std::size_t count, const MessageLoan& loan);
+// the table of the blocks its tensors name.
+void write_task_trailer(Writer& w, std::size_t count, const OutgoingBlocks& blocks);
 
 // A copy of `job` that runs elements [first, end) of its chunk: the same payload, with the
-// range in its trailer patched, sharing the job's loan.
+// range in its trailer patched, sharing the job's blocks.
 std::shared_ptr<Job> job_part(const std::shared_ptr<Job>& job, std::uint64_t first, std::uint64_t end);
 
 // Encodes up to `limit` elements from [it, end) as one task message into `job` (payload, loan,
 // attachments); returns how many it took.
 template <class F, class Element, bool Spread, class It, class End>
 std::size_t encode_task(Job& job, F f, It& it, const End& end, std::size_t limit) {
-  Writer w(&job.loan);  // tensors lend their storages to the job
+  Writer w(&job.blocks);  // tensors name their blocks in the job's table
   w.write(static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(&Call<F, Element, Spread>::invoke)));
   w.write(static_cast<std::uint64_t>(function_bits(f)));
   std::size_t count = 0;
@@ -216,27 +216,24 @@ std::size_t encode_task(Job& job, F f, It& it, const End& end, std::size_t limit
   } else {
     for (; count < limit && it != end; ++count, ++it) w.write(static_cast<Element>(*it));
   }
-  write_task_trailer(w, count, job.loan);
+  write_task_trailer(w, count, job.blocks);
   job.payload = std::move(w.buffer());
   job.attachments = std::move(w.attachments());
   job.range = {count, 0, count};
   return count;
 }
 
-// The descriptors a task message carries: those of the lent storages new to the worker, then
-// the job's own attachments.
-std::vector<int> task_descriptors(std::span<const int> new_lent_fds, const Attachments& attachments);
-
 // A task message as the worker runs it.
 struct TaskCall {
   Invoker invoker;
   std::uintptr_t function;
   ElementRange range;
-  Reader arguments;  // the elements, with the message's attachments and `borrowed` as context
+  std::span<const std::byte> elements;  // in the message
+  IncomingBlocks blocks;                // what the elements' tensors name
 };
-// Reads `task`: maps the storages it lends that are new here (into `borrowed`) and returns the
-// call. Throws ProtocolError when the message is malformed.
-TaskCall read_task(Message& task, BorrowedStorages& borrowed);
+// Reads `task`, resolving the blocks it carries through `memory`. Throws ProtocolError when the
+// message is malformed.
+TaskCall read_task(Message& task, PeerMemory& memory);
 
 // The payload of a load-object message.
 Writer encode_object(const LoadedObject& object);

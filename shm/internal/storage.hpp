@@ -1,8 +1,11 @@
 #pragma once
-// Storage: the bytes behind tensors. Shared storage is a sealed memfd (file_descriptor) or a
-// named /dev/shm segment (file_system), mapped once per process and released when the last
-// holder in the process lets go; the kernel frees it when the last process lets go. External
-// storage (from DLPack) is memory forkpool does not own and cannot share without a copy.
+// Storage: the bytes behind tensors. Shared storage is
+//   - a block of a slab (file_descriptor, slab.hpp): what Tensor::empty makes. Released here, it
+//     goes back to its owner's allocator once no process holds it any more;
+//   - a whole memfd received outside any conversation that could carry blocks;
+//   - or a named /dev/shm segment (file_system).
+// Each is mapped once per process and released when the last holder in the process lets go.
+// External storage (from DLPack) is memory forkpool does not own and cannot share without a copy.
 
 #include <sys/types.h>
 
@@ -17,6 +20,7 @@
 
 #include <forkpool/ipc/internal/mapping.hpp>
 #include <forkpool/runtime/internal/unique_fd.hpp>
+#include <forkpool/shm/internal/slab.hpp>
 #include <forkpool/shm/sharing.hpp>
 
 namespace forkpool {
@@ -30,7 +34,8 @@ class StorageReleaseListener {
 
 class Storage {
  public:
-  // New zero-filled shared storage of `bytes`, of the kind the current sharing strategy names.
+  // New shared storage of `bytes`, of the kind the current sharing strategy names. Recycled
+  // memory is not cleared: its bytes are whatever the last tensor in it left.
   static std::shared_ptr<Storage> allocate(std::size_t bytes);
   // Memory owned elsewhere; `release` runs when the last holder lets go.
   static std::shared_ptr<Storage> external(std::byte* data, std::size_t bytes, std::function<void()> release);
@@ -56,11 +61,14 @@ class Storage {
   std::byte* data() const noexcept { return data_; }
   std::size_t size() const noexcept { return size_; }
   bool is_shared() const noexcept { return kind_ != Kind::external; }
+  // A block of a slab: where it lies in the slab.
+  Slab* slab() const noexcept { return slab_.get(); }
+  std::size_t slab_offset() const noexcept { return slab_offset_; }
   SharingStrategy strategy() const noexcept {
     return kind_ == Kind::named ? SharingStrategy::file_system : SharingStrategy::file_descriptor;
   }
-  // file_descriptor storage: the memfd to send.
-  int fd() const noexcept { return fd_.get(); }
+  // file_descriptor storage: the memfd to send (a block's is its slab's).
+  int fd() const noexcept;
   // file_system storage: the segment's name under /dev/shm.
   const std::string& name() const noexcept { return name_; }
   // file_system: counts one more holder for a message about to carry the name; the receiver
@@ -70,8 +78,10 @@ class Storage {
   void notify_on_release(const std::shared_ptr<StorageReleaseListener>& listener);
 
  private:
-  enum class Kind { memfd, named, external };
+  friend class Slab;
+  enum class Kind { block, memfd, named, external };
   Storage();
+  static std::shared_ptr<Storage> block(std::shared_ptr<Slab> slab, std::size_t offset, std::size_t bytes);
   static std::shared_ptr<Storage> cached(dev_t device, ino_t inode);
   static void remember(const std::shared_ptr<Storage>& storage, dev_t device, ino_t inode);
   static void allocate_named(Storage& storage, std::size_t bytes);
@@ -80,6 +90,8 @@ class Storage {
   std::atomic<std::int64_t>* holders() const noexcept;
 
   Kind kind_ = Kind::memfd;
+  std::shared_ptr<Slab> slab_;  // block
+  std::size_t slab_offset_ = 0;
   UniqueFd fd_;
   Mapping mapping_;
   std::byte* data_ = nullptr;

@@ -1,7 +1,8 @@
 #pragma once
-// What one conversation between two processes remembers about storages, for codec<Tensor>: a
-// storage the peer already maps crosses as an id instead of a descriptor. shm/ defines the
-// interface; the pool implements both sides of it (pool/internal/loans.hpp).
+// What codec<Tensor> needs from a conversation between two processes that carries blocks of
+// slabs: each message has a table of the blocks it carries, and a tensor names its storage by
+// its place in that table. shm/ defines the interface; the pool implements it
+// (pool/internal/peer_memory.hpp).
 
 #include <cstdint>
 #include <memory>
@@ -12,21 +13,13 @@
 
 namespace forkpool::detail {
 
-// How a storage is named by id in a message.
-struct StorageReference {
-  std::uint64_t id;
-  // False: lent by the sender (this message or an earlier one of the conversation). True: the
-  // receiver's own storage, which it lent to the message this one answers.
-  bool returned;
-};
-
 class StorageConversation : public CodecContext {
  public:
-  // Writing: the reference `storage` crosses under, or nullopt when it must carry its
-  // descriptor or name.
-  virtual std::optional<StorageReference> reference(const std::shared_ptr<Storage>& storage) = 0;
-  // Reading: the storage `ref` names in this conversation, or null when it names none.
-  virtual std::shared_ptr<Storage> resolve(StorageReference ref) const = 0;
+  // Writing: the index in the message's table under which `storage` (a block of a slab)
+  // crosses; nullopt when this conversation carries no blocks.
+  virtual std::optional<std::uint32_t> block_index(const std::shared_ptr<Storage>& storage) = 0;
+  // Reading: the storage at `index` of the message's table, or null when there is none.
+  virtual std::shared_ptr<Storage> block_at(std::uint32_t index) const = 0;
 };
 
 }  // namespace forkpool::detail

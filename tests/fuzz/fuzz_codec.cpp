@@ -2,6 +2,8 @@
 // type; the rest is the message. Decoding must succeed or throw ProtocolError, never crash,
 // never allocate more than the input could describe.
 
+#include <unistd.h>
+
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -12,7 +14,7 @@
 #include <vector>
 
 #include <forkpool/ipc/codec.hpp>
-#include <forkpool/pool/internal/loans.hpp>
+#include <forkpool/pool/internal/peer_memory.hpp>
 #include <forkpool/shm/tensor_codec.hpp>
 
 namespace fp = forkpool;
@@ -29,21 +31,44 @@ void try_decode(std::span<const std::byte> bytes) {
   }
 }
 
-// A worker's reply as the parent decodes it: it may name storages the job lent (this one, id 1
-// in a fresh process) by id alone.
+// A parent that maps one slab of a worker (made here by a second PeerMemory standing for the
+// worker), and a message from that worker: its table of blocks and a tensor naming one of them.
+struct Conversation {
+  std::shared_ptr<fp::detail::PeerMemory> worker = std::make_shared<fp::detail::PeerMemory>();
+  std::shared_ptr<fp::detail::PeerMemory> parent = std::make_shared<fp::detail::PeerMemory>();
+  fp::Tensor batch = fp::Tensor::empty({64}, fp::DType::f32);
+  Conversation() {
+    fp::detail::OutgoingBlocks blocks;
+    blocks.block_index(batch.storage());
+    auto introduction = worker->lend(blocks);
+    std::vector<fp::UniqueFd> fds;
+    fds.emplace_back(dup(introduction->fds.at(0)));
+    parent->accept_introduction(introduction->payload.bytes(), fds);
+  }
+};
+
 void try_decode_reply(std::span<const std::byte> bytes) {
-  static fp::detail::MessageLoan* loan = [] {
-    auto* made = new fp::detail::MessageLoan();
-    made->lend(fp::Tensor::zeros({64}, fp::DType::f32).storage());
-    return made;
-  }();
+  static Conversation* conversation = new Conversation();
   try {
-    fp::Reader reader(bytes, {}, loan);
+    fp::detail::TabledPayload payload = fp::detail::split_block_table(bytes);
+    fp::detail::IncomingBlocks blocks = conversation->parent->accept_blocks(payload.table);
+    fp::Reader reader(payload.body, {}, &blocks);
     fp::Tensor tensor = reader.read<fp::Tensor>();
     reader.expect_end();
     // Every byte the view reaches is inside the mapping: touch the last one.
     auto extent = fp::detail::view_extent(tensor.shape(), tensor.strides(), fp::element_size(tensor.dtype()));
     if (tensor.storage() && extent && *extent > 0) (void)static_cast<volatile std::byte*>(tensor.raw_data())[*extent - 1];
+  } catch (const fp::ProtocolError&) {
+  }
+  conversation->parent->take_release();  // what was let go would go back to the worker
+}
+
+// Releases and introductions (without descriptors) from a peer that was lent nothing.
+void try_peer_message(std::span<const std::byte> bytes, bool release) {
+  auto memory = std::make_shared<fp::detail::PeerMemory>();
+  try {
+    if (release) memory->accept_release(bytes);
+    else memory->accept_introduction(bytes, {});
   } catch (const fp::ProtocolError&) {
   }
 }
@@ -53,7 +78,7 @@ void try_decode_reply(std::span<const std::byte> bytes) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size == 0) return 0;
   auto bytes = std::as_bytes(std::span(data + 1, size - 1));
-  switch (data[0] % 15) {
+  switch (data[0] % 17) {
     case 0: try_decode<int>(bytes); break;
     case 1: try_decode<bool>(bytes); break;
     case 2: try_decode<std::string>(bytes); break;
@@ -74,6 +99,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       }
       break;
     case 14: try_decode_reply(bytes); break;
+    case 15: try_peer_message(bytes, true); break;
+    case 16: try_peer_message(bytes, false); break;
   }
   return 0;
 }

@@ -1,5 +1,5 @@
 // libFuzzer target: a task message as a worker reads it (read_task: the trailer, the range of
-// elements, the lent ids) and then decodes its elements the way a call of `int f(int)` and of
+// elements, the table of blocks) and then decodes its elements the way a call of `int f(int)` and of
 // `std::size_t f(std::string)` would, skipping those before the range. Decoding must succeed or
 // throw ProtocolError; never crash, never read outside the message.
 
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include <forkpool/ipc/internal/frame.hpp>
-#include <forkpool/pool/internal/loans.hpp>
+#include <forkpool/pool/internal/peer_memory.hpp>
 #include <forkpool/pool/internal/task_message.hpp>
 
 namespace fp = forkpool;
@@ -36,15 +36,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   message.request_id = 1;
   message.payload = fp::Payload(std::vector<std::byte>(reinterpret_cast<const std::byte*>(data + 1),
                                                        reinterpret_cast<const std::byte*>(data + size)));
-  fp::detail::BorrowedStorages borrowed;
+  auto memory = std::make_shared<fp::detail::PeerMemory>();
   try {
-    fp::detail::TaskCall call = fp::detail::read_task(message, borrowed);
+    fp::detail::TaskCall call = fp::detail::read_task(message, *memory);
+    fp::Reader arguments(call.elements, message.fds, &call.blocks);
     // The addresses in the message are not called: a worker trusts its parent's, and this
     // target is about the bytes.
     if (data[0] % 2 == 0) {
-      run_as<int (*)(int), int>(&twice, call, call.arguments);
+      run_as<int (*)(int), int>(&twice, call, arguments);
     } else {
-      run_as<std::size_t (*)(std::string), std::string>(&length, call, call.arguments);
+      run_as<std::size_t (*)(std::string), std::string>(&length, call, arguments);
     }
   } catch (const fp::ProtocolError&) {
   }

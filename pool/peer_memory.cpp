@@ -1,0 +1,247 @@
+#include <forkpool/pool/internal/peer_memory.hpp>
+
+#include <cstring>
+#include <string>
+
+#include <forkpool/runtime/error.hpp>
+#include <forkpool/runtime/internal/process.hpp>
+
+namespace forkpool::detail {
+namespace {
+
+// How an introduction names a slab: by descriptor, or as the receiver's own.
+enum IntroductionKind : std::uint64_t { kNewSlab = 0, kYourSlab = 1 };
+
+[[noreturn]] void broken(const std::string& what) { throw ProtocolError("forkpool: " + what); }
+
+}  // namespace
+
+std::optional<std::uint32_t> OutgoingBlocks::block_index(const std::shared_ptr<Storage>& storage) {
+  auto [it, fresh] = index_.try_emplace(storage.get(), static_cast<std::uint32_t>(storages_.size()));
+  if (fresh) storages_.push_back(storage);
+  return it->second;
+}
+
+void OutgoingBlocks::write_table(Writer& w) const {
+  for (const auto& storage : storages_) {
+    w.write(storage->slab()->id());
+    w.write(static_cast<std::uint64_t>(storage->slab_offset()));
+    w.write(static_cast<std::uint64_t>(storage->size()));
+  }
+  w.write(static_cast<std::uint32_t>(storages_.size()));
+}
+
+std::size_t OutgoingBlocks::table_bytes() const noexcept {
+  return storages_.size() * sizeof(BlockEntry) + sizeof(std::uint32_t);
+}
+
+TabledPayload split_block_table(std::span<const std::byte> payload) {
+  std::uint32_t count = 0;
+  if (payload.size() < sizeof count) broken("a message of " + std::to_string(payload.size()) + " bytes has no table of blocks");
+  std::memcpy(&count, payload.data() + payload.size() - sizeof count, sizeof count);
+  std::size_t table = std::size_t{count} * sizeof(BlockEntry);
+  if (table > payload.size() - sizeof count)
+    broken("a message claims " + std::to_string(count) + " blocks in " + std::to_string(payload.size()) + " bytes");
+  std::size_t body = payload.size() - sizeof count - table;
+  TabledPayload split{payload.first(body), std::vector<BlockEntry>(count)};
+  if (count > 0) std::memcpy(split.table.data(), payload.data() + body, table);
+  return split;
+}
+
+PeerMemory::PeerMemory() : owner_(current_pid()) {}
+
+std::optional<PeerMemory::Introduction> PeerMemory::lend(const OutgoingBlocks& blocks) {
+  Introduction introduction;
+  std::vector<std::uint64_t> entries;  // (slab id, kind, size or the peer's id)...
+  std::vector<Slab*> watched;
+  {
+    std::lock_guard lock(mutex_);
+    for (const auto& storage : blocks.storages()) {
+      Slab& slab = *storage->slab();
+      auto peer_name = peer_name_.find(slab.id());
+      if (introduced_.try_emplace(slab.id(), slab.weak_from_this()).second) {
+        introduction.slab_ids.push_back(slab.id());
+        watched.push_back(&slab);
+        if (peer_name != peer_name_.end()) {
+          entries.insert(entries.end(), {slab.id(), kYourSlab, peer_name->second});
+        } else {
+          entries.insert(entries.end(), {slab.id(), kNewSlab, slab.size()});
+          introduction.fds.push_back(slab.fd());
+        }
+      }
+      if (peer_name != peer_name_.end()) continue;  // the peer's own block: it holds it already
+      Lent& lent = lent_[{slab.id(), storage->slab_offset()}];
+      if (!lent.storage) lent.storage = storage;
+      ++lent.count;
+    }
+  }
+  // Outside the lock: the slab takes its own, and its release calls back into ours.
+  for (Slab* slab : watched) slab->notify_on_release(shared_from_this());
+  if (entries.empty()) return std::nullopt;
+  introduction.payload.write(entries);
+  return introduction;
+}
+
+void PeerMemory::unlend(const OutgoingBlocks& blocks, const std::optional<Introduction>& introduction) {
+  std::vector<std::shared_ptr<Storage>> dropped;  // destroyed after the lock is let go
+  std::lock_guard lock(mutex_);
+  if (introduction)
+    for (std::uint64_t id : introduction->slab_ids) introduced_.erase(id);
+  for (const auto& storage : blocks.storages()) {
+    auto it = lent_.find({storage->slab()->id(), storage->slab_offset()});
+    if (it == lent_.end() || --it->second.count > 0) continue;
+    dropped.push_back(std::move(it->second.storage));
+    lent_.erase(it);
+  }
+}
+
+void PeerMemory::accept_introduction(std::span<const std::byte> payload, std::span<UniqueFd> fds) {
+  auto entries = decode<std::vector<std::uint64_t>>(payload);
+  if (entries.size() % 3 != 0) broken("a slab introduction of " + std::to_string(entries.size()) + " numbers");
+  std::size_t next_fd = 0;
+  for (std::size_t i = 0; i < entries.size(); i += 3) {
+    std::uint64_t peer_id = entries[i], kind = entries[i + 1], value = entries[i + 2];
+    PeerSlab known;
+    if (kind == kNewSlab) {
+      if (next_fd == fds.size()) broken("a slab introduction names more new slabs than it carries descriptors");
+      known.theirs = Slab::adopt(std::move(fds[next_fd++]), value);
+    } else if (kind != kYourSlab) {
+      broken("a slab introduction of unknown kind " + std::to_string(kind));
+    }
+    std::lock_guard lock(mutex_);
+    if (from_peer_.contains(peer_id)) broken("the peer introduces its slab " + std::to_string(peer_id) + " twice");
+    if (known.theirs) {
+      peer_name_[known.theirs->id()] = peer_id;
+    } else {
+      // Only a slab we gave the peer can come back as ours.
+      auto it = introduced_.find(value);
+      if (it == introduced_.end() || it->second.expired())
+        broken("the peer names slab " + std::to_string(value) + " as ours, which we did not give it");
+      known.ours = it->second;
+    }
+    from_peer_.emplace(peer_id, std::move(known));
+  }
+  if (next_fd != fds.size()) broken("a slab introduction carries descriptors it does not name");
+}
+
+IncomingBlocks PeerMemory::accept_blocks(std::span<const BlockEntry> table) {
+  std::vector<std::shared_ptr<Storage>> storages;
+  storages.reserve(table.size());
+  for (const BlockEntry& entry : table) {
+    std::shared_ptr<Slab> slab;
+    bool ours = false;
+    {
+      std::lock_guard lock(mutex_);
+      auto it = from_peer_.find(entry.slab);
+      if (it == from_peer_.end()) broken("a message names slab " + std::to_string(entry.slab) + ", which was never introduced");
+      ours = !it->second.theirs;
+      slab = ours ? it->second.ours.lock() : it->second.theirs;
+    }
+    std::shared_ptr<Storage> storage;
+    if (ours) {
+      // A block of ours coming home: one we lent, still held for the peer.
+      storage = slab ? slab->live_block(entry.offset) : nullptr;
+      if (!storage || storage->size() != entry.bytes)
+        broken("a message returns block " + std::to_string(entry.offset) + " of slab " + std::to_string(entry.slab) +
+               ", which is not one lent to it");
+    } else {
+      storage = slab->receive_block(entry.offset, entry.bytes);
+      if (!storage)
+        broken("a message names block [" + std::to_string(entry.offset) + ", +" + std::to_string(entry.bytes) +
+               ") of a slab of " + std::to_string(slab->size()) + " bytes, which is not a block there");
+      bool first;
+      {
+        std::lock_guard lock(mutex_);
+        auto [it, fresh] = borrowed_.try_emplace(storage->id(), Borrowed{entry.slab, entry.offset, 0});
+        ++it->second.count;
+        first = fresh;
+      }
+      if (first) storage->notify_on_release(shared_from_this());
+    }
+    storages.push_back(std::move(storage));
+  }
+  return IncomingBlocks(std::move(storages));
+}
+
+void PeerMemory::accept_release(std::span<const std::byte> payload) {
+  auto [released, forgotten] = decode<std::pair<std::vector<std::uint64_t>, std::vector<std::uint64_t>>>(payload);
+  if (released.size() % 3 != 0) broken("a release of " + std::to_string(released.size()) + " numbers");
+  std::vector<std::shared_ptr<Storage>> dropped_blocks;  // destroyed after the lock is let go
+  std::vector<std::shared_ptr<Slab>> dropped_slabs;
+  std::lock_guard lock(mutex_);
+  for (std::size_t i = 0; i < released.size(); i += 3) {
+    auto it = lent_.find({released[i], released[i + 1]});
+    if (it == lent_.end() || released[i + 2] == 0 || released[i + 2] > it->second.count)
+      broken("the peer releases block " + std::to_string(released[i + 1]) + " of slab " + std::to_string(released[i]) +
+             " more often than it was lent");
+    if ((it->second.count -= released[i + 2]) > 0) continue;
+    dropped_blocks.push_back(std::move(it->second.storage));
+    lent_.erase(it);
+  }
+  for (std::uint64_t peer_id : forgotten) {
+    auto it = from_peer_.find(peer_id);
+    if (it == from_peer_.end()) continue;  // a slab we were never told of: nothing to forget
+    if (it->second.theirs) {
+      peer_name_.erase(it->second.theirs->id());
+      dropped_slabs.push_back(std::move(it->second.theirs));
+    }
+    from_peer_.erase(it);
+  }
+}
+
+Writer PeerMemory::Release::encode() const { return forkpool::encode(std::pair(blocks, slabs)); }
+
+PeerMemory::Release PeerMemory::take_release() {
+  std::lock_guard lock(mutex_);
+  return std::exchange(due_, {});
+}
+
+void PeerMemory::restore(Release release) {
+  std::lock_guard lock(mutex_);
+  due_.blocks.insert(due_.blocks.end(), release.blocks.begin(), release.blocks.end());
+  due_.slabs.insert(due_.slabs.end(), release.slabs.begin(), release.slabs.end());
+}
+
+void PeerMemory::on_release_due(std::function<void(PeerMemory&)> callback) {
+  std::lock_guard lock(mutex_);
+  on_release_due_ = std::move(callback);
+}
+
+void PeerMemory::peer_gone() {
+  std::map<std::pair<std::uint64_t, std::uint64_t>, Lent> lent;  // destroyed after the lock is let go
+  std::unordered_map<std::uint64_t, PeerSlab> from_peer;
+  std::lock_guard lock(mutex_);
+  lent.swap(lent_);
+  from_peer.swap(from_peer_);
+  introduced_.clear();
+  peer_name_.clear();
+  borrowed_.clear();
+  due_ = {};
+}
+
+void PeerMemory::storage_released(std::uint64_t storage_id) {
+  if (current_pid() != owner_) return;
+  std::unique_lock lock(mutex_);
+  auto it = borrowed_.find(storage_id);
+  if (it == borrowed_.end()) return;
+  due_.blocks.insert(due_.blocks.end(), {it->second.peer_slab, it->second.offset, it->second.count});
+  borrowed_.erase(it);
+  release_due(lock);
+}
+
+void PeerMemory::slab_released(std::uint64_t slab_id) {
+  if (current_pid() != owner_) return;
+  std::unique_lock lock(mutex_);
+  peer_name_.erase(slab_id);
+  if (introduced_.erase(slab_id) == 0) return;
+  due_.slabs.push_back(slab_id);
+  release_due(lock);
+}
+
+void PeerMemory::release_due(std::unique_lock<std::mutex>& lock) {
+  std::function<void(PeerMemory&)> callback = on_release_due_;
+  lock.unlock();
+  if (callback) callback(*this);
+}
+
+}  // namespace forkpool::detail

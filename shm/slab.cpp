@@ -1,0 +1,194 @@
+#include <forkpool/shm/internal/slab.hpp>
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <system_error>
+
+#include <forkpool/ipc/internal/memfd.hpp>
+#include <forkpool/runtime/error.hpp>
+#include <forkpool/runtime/internal/errno.hpp>
+#include <forkpool/runtime/internal/process.hpp>
+#include <forkpool/shm/internal/slab_allocator.hpp>
+#include <forkpool/shm/internal/storage.hpp>
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+namespace forkpool {
+namespace {
+
+struct InodeKey {
+  dev_t device;
+  ino_t inode;
+  bool operator==(const InodeKey&) const = default;
+};
+struct InodeHash {
+  std::size_t operator()(const InodeKey& k) const noexcept { return std::hash<ino_t>()(k.inode) * 31 + k.device; }
+};
+
+// The slabs this process maps, by inode: a slab received again is the same Slab. Under slab_lock().
+std::unordered_map<InodeKey, std::weak_ptr<Slab>, InodeHash>& slabs_by_inode() {
+  static auto* slabs = new std::unordered_map<InodeKey, std::weak_ptr<Slab>, InodeHash>();
+  return *slabs;
+}
+
+// Asks for transparent huge pages (where shmem_enabled allows them) and pages the mapping in
+// now, so that no 20 µs fault is paid per page later. Pages in a fresh slab were reserved by
+// fallocate, so a kernel without MADV_POPULATE_WRITE only pays the faults, never SIGBUS.
+void page_in(const Mapping& mapping) {
+  madvise(mapping.data(), mapping.size(), MADV_HUGEPAGE);
+  if (madvise(mapping.data(), mapping.size(), MADV_POPULATE_WRITE) < 0 && errno != EINVAL)
+    detail::throw_last_errno("forkpool: paging in a shared memory slab");
+}
+
+}  // namespace
+
+namespace detail {
+
+std::mutex& slab_lock() {
+  static auto* lock = [] {
+    auto* mutex = new std::mutex();
+    pthread_atfork([] { slab_lock().lock(); }, [] { slab_lock().unlock(); }, [] { slab_lock().unlock(); });
+    return mutex;
+  }();
+  return *lock;
+}
+
+MappedCounters& mapped_counters() {
+  static auto* counters = new MappedCounters();
+  return *counters;
+}
+
+}  // namespace detail
+
+Slab::Slab() {
+  static std::atomic<std::uint64_t> next_id{0};
+  id_ = ++next_id;
+}
+
+std::shared_ptr<Slab> Slab::create(std::size_t bytes) {
+  std::shared_ptr<Slab> slab(new Slab());
+  slab->fd_ = create_memfd("forkpool-slab", bytes);
+  // Reserved now, or an exception now: memory short later would be SIGBUS at first touch.
+  if (int error = posix_fallocate(slab->fd_.get(), 0, static_cast<off_t>(bytes)); error != 0) {
+    if (error == ENOMEM || error == ENOSPC) throw std::bad_alloc();
+    throw std::system_error(error, std::generic_category(), "forkpool: reserving a shared memory slab");
+  }
+  seal_size(slab->fd_.get());
+  slab->mapping_ = Mapping::map(slab->fd_.get(), bytes, PROT_READ | PROT_WRITE);
+  page_in(slab->mapping_);
+  slab->owner_ = detail::current_pid();
+  struct stat st {};
+  if (fstat(slab->fd_.get(), &st) < 0) detail::throw_last_errno("forkpool: fstat of a new slab");
+  std::lock_guard lock(detail::slab_lock());
+  slab->device_ = st.st_dev;
+  slab->inode_ = st.st_ino;
+  slabs_by_inode()[InodeKey{st.st_dev, st.st_ino}] = slab;
+  detail::mapped_counters().add(1, static_cast<std::int64_t>(bytes), 1);
+  return slab;
+}
+
+std::shared_ptr<Slab> Slab::adopt(UniqueFd fd, std::size_t min_bytes) {
+  struct stat st {};
+  if (fstat(fd.get(), &st) < 0) throw ProtocolError(std::string("forkpool: slab: fstat failed: ") + strerror(errno));
+  {
+    std::lock_guard lock(detail::slab_lock());
+    auto it = slabs_by_inode().find(InodeKey{st.st_dev, st.st_ino});
+    if (it != slabs_by_inode().end())
+      if (auto known = it->second.lock()) {
+        if (known->size() < min_bytes) throw ProtocolError("forkpool: a slab is shorter than claimed");
+        return known;
+      }
+  }
+  std::size_t size = check_sealed_memfd(fd.get(), st, min_bytes, "forkpool: slab");
+  std::shared_ptr<Slab> slab(new Slab());
+  slab->mapping_ = Mapping::map(fd.get(), size, PROT_READ | PROT_WRITE);
+  page_in(slab->mapping_);
+  slab->fd_ = std::move(fd);
+  std::lock_guard lock(detail::slab_lock());
+  slab->device_ = st.st_dev;
+  slab->inode_ = st.st_ino;
+  slabs_by_inode()[InodeKey{st.st_dev, st.st_ino}] = slab;
+  detail::mapped_counters().add(1, static_cast<std::int64_t>(size), 1);
+  return slab;
+}
+
+void Slab::forget_inherited() noexcept {
+  std::lock_guard lock(detail::slab_lock());
+  slabs_by_inode().clear();  // only weak references: the inherited slabs are left as they are
+  detail::mapped_counters().slabs = 0;
+  detail::mapped_counters().bytes = 0;
+  detail::mapped_counters().descriptors = 0;
+}
+
+void Slab::unmap_inherited() noexcept {
+  {
+    std::lock_guard lock(detail::slab_lock());
+    for (auto& [key, weak] : slabs_by_inode())
+      if (auto slab = weak.lock()) munmap(slab->data(), slab->size());  // the object itself is never destroyed here
+  }
+  forget_inherited();
+}
+
+Slab::~Slab() {
+  std::vector<std::weak_ptr<SlabReleaseListener>> listeners;
+  {
+    std::lock_guard lock(detail::slab_lock());
+    auto it = slabs_by_inode().find(InodeKey{device_, inode_});
+    if (it != slabs_by_inode().end() && it->second.expired()) slabs_by_inode().erase(it);
+    listeners = std::move(listeners_);
+    detail::mapped_counters().add(-1, -static_cast<std::int64_t>(size()), -1);
+  }
+  for (auto& weak : listeners)
+    if (auto listener = weak.lock()) listener->slab_released(id_);
+}
+
+bool Slab::owned() const noexcept { return owner_ != 0 && owner_ == detail::current_pid(); }
+
+std::shared_ptr<Storage> Slab::live_block(std::size_t offset) {
+  std::lock_guard lock(detail::slab_lock());
+  auto it = live_.find(offset);
+  return it == live_.end() ? nullptr : it->second.lock();
+}
+
+std::shared_ptr<Storage> Slab::receive_block(std::size_t offset, std::size_t bytes) {
+  if (offset > size() || bytes > size() - offset) return nullptr;
+  std::lock_guard lock(detail::slab_lock());
+  if (auto it = live_.find(offset); it != live_.end())
+    if (auto held = it->second.lock()) return held->size() == bytes ? held : nullptr;
+  if (owned()) return nullptr;  // our own block must be one we handed out
+  return make_block(offset, bytes);
+}
+
+std::shared_ptr<Storage> Slab::make_block(std::size_t offset, std::size_t bytes) {
+  std::shared_ptr<Storage> storage = Storage::block(shared_from_this(), offset, bytes);  // keeps the slab mapped
+  live_[offset] = storage;
+  return storage;
+}
+
+void Slab::block_released(std::size_t offset) noexcept {
+  bool ours;
+  {
+    std::lock_guard lock(detail::slab_lock());
+    auto it = live_.find(offset);
+    // Another storage may have been made for the offset since this one's count reached zero.
+    if (it != live_.end() && it->second.expired()) live_.erase(it);
+    ours = owned();
+  }
+  if (ours) detail::SlabAllocator::instance().give_back(*this, offset);
+}
+
+void Slab::notify_on_release(const std::shared_ptr<SlabReleaseListener>& listener) {
+  std::lock_guard lock(detail::slab_lock());
+  std::erase_if(listeners_, [](const auto& weak) { return weak.expired(); });
+  listeners_.push_back(listener);
+}
+
+}  // namespace forkpool

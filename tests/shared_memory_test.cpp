@@ -1,0 +1,559 @@
+// Shared memory that is recycled (shm/internal/slab.hpp, pool/internal/peer_memory.hpp): tensors
+// are blocks of slabs mapped once; a slab crosses to a peer once; blocks are lent and come home,
+// and are reused only when no process holds them.
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <forkpool/ipc/internal/channel.hpp>
+#include <forkpool/ipc/internal/memfd.hpp>
+#include <forkpool/pool/internal/peer_memory.hpp>
+#include <forkpool/pool/pool.hpp>
+#include <forkpool/shm/internal/slab_allocator.hpp>
+#include <forkpool/shm/shared_memory.hpp>
+#include <forkpool/shm/sharing.hpp>
+#include <forkpool/shm/tensor.hpp>
+#include <forkpool/shm/tensor_codec.hpp>
+#include "support.hpp"
+
+namespace forkpool {
+namespace {
+
+using test_support::eventually;
+using test_support::open_fd_count;
+using detail::BlockEntry;
+using detail::OutgoingBlocks;
+using detail::PeerMemory;
+
+using namespace std::chrono_literals;
+
+// How many mappings of slabs process `pid` has.
+int slab_mappings_of(pid_t pid) {
+  std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
+  int count = 0;
+  for (std::string line; std::getline(maps, line);)
+    if (line.find("memfd:forkpool-slab") != std::string::npos) ++count;
+  return count;
+}
+int all_mappings_of(pid_t pid) {
+  std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
+  int count = 0;
+  for (std::string line; std::getline(maps, line);) ++count;
+  return count;
+}
+
+// Restores the cache limit when a test ends.
+struct CacheLimit {
+  explicit CacheLimit(std::size_t bytes) { set_shared_memory_cache_limit(bytes); }
+  ~CacheLimit() { set_shared_memory_cache_limit(detail::SlabAllocator::kDefaultCacheLimit); }
+};
+
+// Lowers this process's descriptor limit for one test.
+struct DescriptorLimit {
+  rlimit saved{};
+  explicit DescriptorLimit(rlim_t limit) {
+    getrlimit(RLIMIT_NOFILE, &saved);
+    rlimit lowered{limit, saved.rlim_max};
+    EXPECT_EQ(setrlimit(RLIMIT_NOFILE, &lowered), 0);
+  }
+  ~DescriptorLimit() { setrlimit(RLIMIT_NOFILE, &saved); }
+};
+
+std::uintptr_t address_in_worker(Tensor t) { return reinterpret_cast<std::uintptr_t>(t.raw_data()); }
+Tensor same_tensor(Tensor t) { return t; }
+Tensor second_half(Tensor t) { return t.slice(0, t.shape()[0] / 2, t.shape()[0]); }
+int nothing(int x) { return x; }
+std::int32_t first_int(Tensor t) { return t.data<std::int32_t>()[0]; }
+Tensor touch_first(Tensor t) {
+  t.data<float>()[0] += 1;
+  return t;
+}
+// A worker's new batch: n floats, each `value`.
+Tensor batch(std::int64_t n, float value) {
+  Tensor t = Tensor::empty({n}, DType::f32);
+  std::fill_n(t.data<float>(), n, value);
+  return t;
+}
+int mappings_here(int) { return all_mappings_of(getpid()); }
+
+// Tensors a worker keeps past its task (as a Hogwild worker keeps its parameters).
+std::vector<Tensor>& kept_in_worker() {
+  static std::vector<Tensor> kept;
+  return kept;
+}
+int keep(Tensor t) {
+  kept_in_worker().push_back(std::move(t));
+  return static_cast<int>(kept_in_worker().size());
+}
+int drop_kept(int) {
+  kept_in_worker().clear();
+  return 0;
+}
+
+TEST(SlabAllocator, AFreedBlockIsTheNextOneHandedOut) {
+  std::optional<Tensor> t = Tensor::empty({1000}, DType::f32);
+  void* first = t->raw_data();
+  t.reset();
+  Tensor again = Tensor::empty({1000}, DType::f32);
+  EXPECT_EQ(again.raw_data(), first);
+  EXPECT_NE(Tensor::empty({1000}, DType::f32).raw_data(), first);  // while `again` holds it
+}
+
+TEST(SlabAllocator, ZerosClearsRecycledMemory) {
+  std::optional<Tensor> t = Tensor::empty({64}, DType::f32);
+  std::fill_n(t->data<float>(), 64, 5.0f);
+  t.reset();
+  Tensor zeros = Tensor::zeros({64}, DType::f32);
+  for (int i = 0; i < 64; ++i) ASSERT_EQ(zeros.data<float>()[i], 0.0f);
+}
+
+TEST(SlabAllocator, SmallTensorsShareSlabsAndDescriptors) {
+  std::size_t before = shared_memory_stats().descriptors;
+  std::vector<Tensor> kept;
+  for (int i = 0; i < 10'000; ++i) kept.push_back(Tensor::empty({16}, DType::f32));
+  EXPECT_LE(shared_memory_stats().descriptors - before, 1u);  // 10,000 × 64 B fit in one 2 MiB slab
+  EXPECT_GE(shared_memory_stats().in_use_bytes, 10'000u * 64);
+}
+
+TEST(SlabAllocator, CachedMemoryFallsToTheLimitAfterABurst) {
+  CacheLimit limit(64 << 20);
+  {
+    std::vector<Tensor> burst;
+    for (int i = 0; i < 64; ++i) burst.push_back(Tensor::empty({(16 << 20) / 4}, DType::f32));  // 1 GiB
+    EXPECT_GE(shared_memory_stats().in_use_bytes, std::size_t{1} << 30);
+  }
+  SharedMemoryStats stats = shared_memory_stats();
+  EXPECT_LE(stats.cached_bytes, std::size_t{64} << 20);
+  EXPECT_LT(stats.mapped_bytes, std::size_t{256} << 20) << "free slabs went back to the kernel";
+}
+
+TEST(SlabAllocator, AnAllocationBeyondTheAddressSpaceLimitIsAnException) {
+  int status = test_support::run_in_child([] {
+    std::ifstream status_file("/proc/self/status");
+    std::size_t vm_kib = 0;
+    for (std::string key; status_file >> key;)
+      if (key == "VmSize:") status_file >> vm_kib;
+    rlimit limit{(vm_kib << 10) + (std::size_t{32} << 20), (vm_kib << 10) + (std::size_t{32} << 20)};
+    if (setrlimit(RLIMIT_AS, &limit) != 0) throw std::runtime_error("setrlimit");
+    for (std::int64_t mib : {60, 2048}) {  // a slab of the largest class, and one larger
+      try {
+        Tensor::empty({mib << 18}, DType::f32);
+        throw std::runtime_error("an allocation of " + std::to_string(mib) + " MiB succeeded");
+      } catch (const std::bad_alloc&) {
+      } catch (const std::system_error&) {
+      }
+    }
+    Tensor small = Tensor::empty({16}, DType::f32);  // and the process goes on
+    small.data<float>()[0] = 1;
+  });
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+}
+
+TEST(SharedMemory, ATensorSentAgainIsTheSameMemoryInTheWorkerAndMapsNothingNew) {
+  Pool pool({.processes = 1});
+  Tensor t = Tensor::zeros({1024}, DType::f32);
+  std::uintptr_t first = pool.apply_async(address_in_worker, t).get();
+  int mappings = all_mappings_of(pool.worker_pids().at(0));
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(pool.apply_async(address_in_worker, t).get(), first);
+  EXPECT_EQ(all_mappings_of(pool.worker_pids().at(0)), mappings);
+  EXPECT_EQ(slab_mappings_of(pool.worker_pids().at(0)), 1);
+}
+
+TEST(SharedMemory, AReturnedTensorIsTheParentsOwnStorage) {
+  Pool pool({.processes = 1});
+  Tensor t = Tensor::zeros({1024}, DType::f32);
+  Tensor back = pool.apply_async(same_tensor, t).get();
+  EXPECT_EQ(back.storage(), t.storage());
+  Tensor half = pool.apply_async(second_half, t).get();
+  EXPECT_EQ(half.storage(), t.storage());
+  EXPECT_EQ(half.storage_offset(), 512 * 4);
+  EXPECT_EQ(half.shape()[0], 512);
+}
+
+TEST(SharedMemory, ManyTensorsInOneChunkCrossInOneSlab) {
+  Pool pool({.processes = 1});
+  std::vector<Tensor> tensors;
+  for (int i = 0; i < 20; ++i) tensors.push_back(Tensor::zeros({16}, DType::f32));
+  tensors.push_back(tensors[3]);  // the same storage twice in one message
+  std::vector<Tensor> back = pool.map_async(same_tensor, tensors, 7).get();
+  ASSERT_EQ(back.size(), tensors.size());
+  for (std::size_t i = 0; i < back.size(); ++i) EXPECT_EQ(back[i].storage(), tensors[i].storage());
+  EXPECT_EQ(slab_mappings_of(pool.worker_pids().at(0)), 1);
+}
+
+// The DataLoader pattern: each task builds a new batch; the parent consumes and drops it.
+TEST(SharedMemory, ARecycledBatchIsTheSameBlockAndNeitherSideMapsAnythingNew) {
+  Pool pool({.processes = 1});
+  pid_t worker = pool.worker_pids().at(0);
+  std::optional<Tensor> first = pool.apply_async(batch, 1 << 16, 0.0f).get();
+  const void* address = first->raw_data();
+  const Slab* slab = first->storage()->slab();
+  ASSERT_NE(slab, nullptr);
+  first.reset();
+  int worker_mappings = 0, parent_mappings = 0;
+  for (int i = 1; i <= 1000; ++i) {
+    Tensor next = pool.apply_async(batch, 1 << 16, static_cast<float>(i)).get();
+    ASSERT_EQ(next.data<float>()[12345], static_cast<float>(i));
+    EXPECT_EQ(next.raw_data(), address) << "batch " << i << " is not the recycled block";
+    EXPECT_EQ(next.storage()->slab(), slab);
+    if (i == 10) {
+      worker_mappings = pool.apply_async(mappings_here, 0).get();
+      parent_mappings = all_mappings_of(getpid());
+    }
+  }
+  EXPECT_EQ(pool.apply_async(mappings_here, 0).get(), worker_mappings);
+  EXPECT_EQ(all_mappings_of(getpid()), parent_mappings);
+  EXPECT_EQ(slab_mappings_of(worker), 1);
+}
+
+TEST(SharedMemory, TwentyThousandTensorsMadeByWorkersAreKeptWithFewDescriptors) {
+  Pool pool({.processes = 2});
+  DescriptorLimit limit(256);
+  std::vector<std::int64_t> sizes(20'000, 64);
+  std::vector<Tensor> kept = pool.map_async([](std::int64_t n) { return batch(n, 3.0f); }, sizes, 100).get();
+  ASSERT_EQ(kept.size(), 20'000u);
+  for (const Tensor& t : kept) ASSERT_EQ(t.data<float>()[63], 3.0f);
+  EXPECT_LT(open_fd_count(), 64);
+}
+
+TEST(SharedMemory, TwentyThousandTensorsMadeByTheParentEachSentToAWorkerNeedFewDescriptors) {
+  Pool pool({.processes = 2, .initializer = [] {
+               rlimit limit{256, 256};
+               if (setrlimit(RLIMIT_NOFILE, &limit) != 0) std::abort();
+             }});
+  DescriptorLimit limit(256);
+  std::vector<Tensor> tensors;
+  for (int i = 0; i < 20'000; ++i) {
+    tensors.push_back(Tensor::empty({64}, DType::i32));
+    tensors.back().data<std::int32_t>()[0] = i;
+  }
+  std::vector<std::int32_t> firsts = pool.map_async(first_int, tensors, 100).get();
+  for (int i = 0; i < 20'000; ++i) ASSERT_EQ(firsts[i], i);
+  EXPECT_LT(open_fd_count(), 64);
+  EXPECT_EQ(pool.worker_pids().size(), 2u);
+}
+
+TEST(SharedMemory, ABlockLentToTwoWorkersIsNotReusedUntilBothLetGo) {
+  Pool pool({.processes = 2});
+  std::optional<Tensor> t = Tensor::empty({256}, DType::f32);
+  void* address = t->raw_data();
+  // Each worker keeps it; apply_async to both (a map of 2 with chunksize 1 reaches both busy workers).
+  auto slow_keep = [](Tensor x) {
+    std::this_thread::sleep_for(100ms);
+    return keep(std::move(x));
+  };
+  EXPECT_EQ(pool.map_async(slow_keep, std::vector<Tensor>{*t, *t}, 1).get(), (std::vector<int>{1, 1}));
+  t.reset();
+  std::vector<Tensor> fresh;
+  for (int i = 0; i < 100; ++i) {
+    fresh.push_back(Tensor::empty({256}, DType::f32));
+    ASSERT_NE(fresh.back().raw_data(), address) << "reused while the workers hold it";
+  }
+  fresh.clear();
+  pool.map_async([](int) {
+    std::this_thread::sleep_for(100ms);
+    return drop_kept(0);
+  }, std::vector<int>{0, 0}, 1).get();
+  EXPECT_TRUE(eventually([&] {
+    pool.apply_async(nothing, 0).get();  // lets the releases in
+    return Tensor::empty({256}, DType::f32).raw_data() == address;
+  })) << "never came home";
+}
+
+// The worker returns the same tensor twice: the parent holds its block for two messages, and
+// releases it with that count once it drops both.
+Tensor& worker_batch() {
+  static Tensor kept;
+  if (!kept.storage()) kept = batch(256, 1.0f);
+  return kept;
+}
+Tensor same_worker_batch(int) { return worker_batch(); }
+std::uintptr_t new_batch_address(int) {
+  worker_batch() = Tensor();
+  return reinterpret_cast<std::uintptr_t>(batch(256, 2.0f).raw_data());
+}
+TEST(SharedMemory, ABlockReturnedTwiceComesHomeOnceBothAreDropped) {
+  Pool pool({.processes = 1});
+  std::optional<Tensor> first = pool.apply_async(same_worker_batch, 0).get();
+  std::optional<Tensor> second = pool.apply_async(same_worker_batch, 0).get();
+  ASSERT_EQ(first->storage(), second->storage());
+  auto address = address_in_worker(*first);  // the same in both processes? no: read it there
+  (void)address;
+  std::uintptr_t in_worker = pool.apply_async([](int) { return address_in_worker(worker_batch()); }, 0).get();
+  first.reset();
+  EXPECT_NE(pool.apply_async(new_batch_address, 0).get(), in_worker) << "reused while the parent holds it";
+  second.reset();
+  EXPECT_TRUE(eventually([&] { return pool.apply_async(new_batch_address, 0).get() == in_worker; }))
+      << "the parent's release did not bring it home";
+}
+
+TEST(SharedMemory, AWorkerKilledWhileHoldingBlocksGivesThemBack) {
+  Pool pool({.processes = 1});
+  std::optional<Tensor> t = Tensor::empty({256}, DType::f32);
+  void* address = t->raw_data();
+  pool.apply_async(keep, *t).get();
+  t.reset();
+  EXPECT_NE(Tensor::empty({256}, DType::f32).raw_data(), address);
+  kill(pool.worker_pids().at(0), SIGKILL);
+  EXPECT_TRUE(eventually([&] {
+    pool.apply_async(nothing, 0).wait();  // lets the loop notice the death
+    return Tensor::empty({256}, DType::f32).raw_data() == address;
+  })) << "the dead worker's hold was never released";
+}
+
+TEST(SharedMemory, AKilledWorkersBatchesStayValidAndGoWhenTheParentLetsGo) {
+  Pool pool({.processes = 1});
+  std::vector<Tensor> batches;
+  for (int i = 0; i < 8; ++i) batches.push_back(pool.apply_async(batch, 1 << 18, static_cast<float>(i)).get());
+  std::size_t mapped = shared_memory_stats().mapped_bytes;
+  pid_t dead = pool.worker_pids().at(0);
+  kill(dead, SIGKILL);
+  ASSERT_TRUE(eventually([&] {
+    pool.apply_async(nothing, 0).wait();  // lets the loop notice the death
+    return pool.worker_pids().at(0) != dead;
+  }));
+  EXPECT_EQ(shared_memory_stats().mapped_bytes, mapped);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(batches[i].data<float>()[1000], static_cast<float>(i));
+  batches.clear();
+  EXPECT_LE(shared_memory_stats().mapped_bytes, mapped - (std::size_t{8} << 20)) << "the dead worker's slabs stay mapped";
+}
+
+long shmem_kib() {
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string key; meminfo >> key;) {
+    long value = 0;
+    meminfo >> value;
+    if (key == "Shmem:") return value;
+    meminfo.ignore(64, '\n');
+  }
+  return -1;
+}
+
+TEST(SharedMemory, MemoryComesBackWhenTheParentIsKilled) {
+  long before = shmem_kib();
+  pid_t parent = fork();
+  if (parent == 0) {
+    try {
+      Pool pool({.processes = 2});
+      std::vector<Tensor> batches;
+      for (int i = 0; i < 16; ++i) batches.push_back(pool.apply_async(batch, 1 << 22, 1.0f).get());  // 256 MiB
+      for (int i = 0; i < 16; ++i) batches.push_back(Tensor::zeros({1 << 22}, DType::i32));
+      pool.map_async(first_int, std::vector<Tensor>(batches.begin() + 16, batches.end())).get();
+      kill(getpid(), SIGKILL);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+    }
+    _exit(3);
+  }
+  int status = 0;
+  waitpid(parent, &status, 0);
+  ASSERT_TRUE(WIFSIGNALED(status));
+  EXPECT_TRUE(eventually([&] { return shmem_kib() - before < 64 * 1024; }, 10s))
+      << "Shmem grew by " << (shmem_kib() - before) << " KiB";
+}
+
+TEST(SharedMemory, ASlabTheParentFreesIsUnmappedInTheWorker) {
+  CacheLimit limit(0);
+  Pool pool({.processes = 1});
+  pid_t worker = pool.worker_pids().at(0);
+  std::optional<Tensor> t = Tensor::zeros({1 << 20}, DType::f32);
+  pool.apply_async(address_in_worker, *t).get();
+  EXPECT_EQ(slab_mappings_of(worker), 1);
+  std::thread([&] { t.reset(); }).join();  // on another thread, while the pool's loop is not running
+  EXPECT_TRUE(eventually([&] { return slab_mappings_of(worker) == 0; })) << "the worker still maps it";
+  EXPECT_EQ(shared_memory_stats().slabs, 0u);
+}
+
+// The kernel queues few datagrams per socket (net.unix.max_dgram_qlen): releases sent while the
+// worker is busy fill it, and later jobs must still arrive in order and complete.
+int sleep_ms(int ms) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  return ms;
+}
+TEST(SharedMemory, ReleasesThatFillABusyWorkersSocketLoseNothing) {
+  CacheLimit limit(0);
+  Pool pool({.processes = 1});
+  pid_t worker = pool.worker_pids().at(0);
+  std::vector<Tensor> dropped;
+  for (int i = 0; i < 40; ++i) dropped.push_back(Tensor::zeros({1 << 20}, DType::f32));  // a slab each
+  pool.map_async(address_in_worker, dropped).get();
+  auto busy = pool.apply_async(sleep_ms, 200);
+  dropped.clear();  // 40 slabs gone while the worker sleeps
+  Tensor kept = Tensor::zeros({16}, DType::f32);
+  std::vector<AsyncResult<Tensor>> results;
+  for (int i = 0; i < 8; ++i) results.push_back(pool.apply_async(touch_first, kept));
+  EXPECT_EQ(busy.get(), 200);
+  for (auto& result : results) EXPECT_EQ(result.get().storage(), kept.storage());
+  EXPECT_EQ(kept.data<float>()[0], 8.0f);
+  EXPECT_TRUE(eventually([&] { return slab_mappings_of(worker) == 1; })) << slab_mappings_of(worker);
+}
+
+// A worker keeps a mapping per slab it was given: the parent's forgets keep that bounded by what
+// the parent holds, not by what it ever sent.
+TEST(SharedMemory, AWorkerSentThousandsOfTensorsOverItsLifeNeverRunsOutOfDescriptors) {
+  CacheLimit limit(0);
+  Pool pool({.processes = 1, .initializer = [] {
+               rlimit limit{64, 64};
+               if (setrlimit(RLIMIT_NOFILE, &limit) != 0) std::abort();
+             }});
+  for (int i = 0; i < 2'000; ++i) {
+    Tensor t = Tensor::zeros({1 << 20}, DType::i32);  // a slab of its own each, freed each time
+    t.data<std::int32_t>()[0] = i;
+    ASSERT_EQ(pool.apply_async(first_int, t).get(), i);
+  }
+  EXPECT_EQ(pool.worker_pids().size(), 1u);
+}
+
+TEST(SharedMemory, AReplacementWorkerIsIntroducedToTheSlabAfresh) {
+  Pool pool({.processes = 1});
+  Tensor t = Tensor::zeros({1024}, DType::f32);
+  pool.apply_async(address_in_worker, t).get();
+  pid_t first = pool.worker_pids().at(0);
+  kill(first, SIGKILL);
+  ASSERT_TRUE(eventually([&] {
+    auto pids = pool.worker_pids();
+    if (!pids.empty() && pids[0] != first) return true;
+    pool.apply_async(nothing, 0).wait();  // lets the loop notice the death
+    return false;
+  }));
+  Tensor back = pool.apply_async(same_tensor, t).get();
+  EXPECT_EQ(back.storage(), t.storage());
+}
+
+// file_system storages are not slabs: a worker killed while holding a segment could not give
+// back its count of holders, and the name would outlive every user until the parent exits.
+TEST(SharedMemory, ASegmentSentToAPoolThatIsTerminatedKeepsNoName) {
+  set_sharing_strategy(SharingStrategy::file_system);
+  std::optional<Tensor> t = Tensor::zeros({1024}, DType::f32);
+  set_sharing_strategy(SharingStrategy::file_descriptor);
+  std::string segment = t->storage()->name();
+  {
+    Pool pool({.processes = 1});
+    EXPECT_EQ(pool.apply_async(same_tensor, *t).get().storage(), t->storage());
+  }  // ~Pool terminates: the worker is killed
+  t.reset();
+  EXPECT_TRUE(eventually([&] { return !std::filesystem::exists("/dev/shm/" + segment); })) << segment << " kept its name";
+}
+
+// The protocol on its own: two PeerMemory objects in one process stand for the two sides.
+
+// Sends `t` from `from` to `to` as a message would, returning what `to` decodes.
+Tensor cross(PeerMemory& from, PeerMemory& to, const Tensor& t) {
+  OutgoingBlocks blocks;
+  Writer w(&blocks);
+  w.write(t);
+  blocks.write_table(w);
+  if (auto introduction = from.lend(blocks)) {
+    std::vector<UniqueFd> fds;
+    for (int fd : introduction->fds) fds.emplace_back(dup(fd));
+    to.accept_introduction(introduction->payload.bytes(), fds);
+  }
+  detail::TabledPayload payload = detail::split_block_table(w.bytes());
+  detail::IncomingBlocks incoming = to.accept_blocks(payload.table);
+  Reader r(payload.body, {}, &incoming);
+  return r.read<Tensor>();
+}
+
+TEST(PeerMemory, ASlabIsIntroducedOnceAndABlockIsReleasedWithItsCount) {
+  auto a = std::make_shared<PeerMemory>(), b = std::make_shared<PeerMemory>();
+  Tensor t = Tensor::empty({4}, DType::f32);
+  OutgoingBlocks blocks;
+  blocks.block_index(t.storage());
+  blocks.block_index(t.storage());
+  EXPECT_EQ(blocks.storages().size(), 1u);
+  auto first = a->lend(blocks);
+  ASSERT_TRUE(first);
+  EXPECT_EQ(first->fds, std::vector<int>{t.storage()->fd()});
+  EXPECT_FALSE(a->lend(blocks)) << "introduced twice";
+  // Two messages lent it: the peer's release must count both.
+  Writer release = encode(std::pair(std::vector<std::uint64_t>{t.storage()->slab()->id(), t.storage()->slab_offset(), 1},
+                                    std::vector<std::uint64_t>{}));
+  a->accept_release(release.bytes());
+  a->accept_release(release.bytes());
+  EXPECT_THROW(a->accept_release(release.bytes()), ProtocolError) << "released more often than lent";
+}
+
+TEST(PeerMemory, AnUndeliveredIntroductionIsMadeAgain) {
+  auto a = std::make_shared<PeerMemory>();
+  Tensor t = Tensor::empty({4}, DType::f32);
+  OutgoingBlocks blocks;
+  blocks.block_index(t.storage());
+  auto introduction = a->lend(blocks);
+  a->unlend(blocks, introduction);
+  EXPECT_TRUE(a->lend(blocks));
+}
+
+TEST(PeerMemory, HostileTablesAreProtocolErrors) {
+  auto a = std::make_shared<PeerMemory>(), b = std::make_shared<PeerMemory>();
+  Tensor t = Tensor::empty({4}, DType::f32);
+  cross(*a, *b, t);  // b maps a's slab
+  std::uint64_t slab = t.storage()->slab()->id(), size = t.storage()->slab()->size();
+  std::vector<BlockEntry> unknown{{slab + 1000, 0, 64}};
+  EXPECT_THROW(b->accept_blocks(unknown), ProtocolError);
+  std::vector<BlockEntry> outside{{slab, size - 32, 64}};
+  EXPECT_THROW(b->accept_blocks(outside), ProtocolError);
+  std::vector<BlockEntry> overflowing{{slab, ~std::uint64_t{0} - 8, 64}};
+  EXPECT_THROW(b->accept_blocks(overflowing), ProtocolError);
+  // a's own slab named back as "yours" by a peer it never gave it to.
+  Writer yours = encode(std::vector<std::uint64_t>{77, 1, slab + 5});
+  EXPECT_THROW(a->accept_introduction(yours.bytes(), {}), ProtocolError);
+  // A message that claims more table than it has.
+  std::uint32_t huge = 1'000'000;
+  std::vector<std::byte> short_message(sizeof huge);
+  std::memcpy(short_message.data(), &huge, sizeof huge);
+  EXPECT_THROW(detail::split_block_table(short_message), ProtocolError);
+}
+
+TEST(PeerMemory, AnUnsealedOrShortSlabIsRefusedAndNothingIsMapped) {
+  auto b = std::make_shared<PeerMemory>();
+  std::size_t mapped = shared_memory_stats().mapped_bytes;
+  int fds_before = open_fd_count();
+  {
+    std::vector<UniqueFd> fds;
+    fds.push_back(create_memfd("forkpool-slab", 4096));  // not sealed
+    Writer intro = encode(std::vector<std::uint64_t>{1, 0, 4096});
+    EXPECT_THROW(b->accept_introduction(intro.bytes(), fds), ProtocolError);
+  }
+  {
+    std::vector<UniqueFd> fds;
+    fds.push_back(create_memfd("forkpool-slab", 4096));
+    seal_size(fds[0].get());
+    Writer intro = encode(std::vector<std::uint64_t>{2, 0, 1 << 20});  // claims more than it is
+    EXPECT_THROW(b->accept_introduction(intro.bytes(), fds), ProtocolError);
+  }
+  {
+    Writer intro = encode(std::vector<std::uint64_t>{3, 0, 4096});  // no descriptor at all
+    EXPECT_THROW(b->accept_introduction(intro.bytes(), {}), ProtocolError);
+  }
+  EXPECT_EQ(shared_memory_stats().mapped_bytes, mapped);
+  EXPECT_EQ(open_fd_count(), fds_before);
+}
+
+TEST(PeerMemory, ABlockOutsideAnyConversationCarriesItsWholeSlabAndIsNeverHandedOutAgain) {
+  std::optional<Tensor> t = Tensor::empty({4}, DType::f32);
+  t->data<float>()[1] = 9;
+  void* address = t->raw_data();
+  Writer w;
+  w.write(*t);
+  ASSERT_EQ(w.fds().size(), 1u);
+  std::vector<UniqueFd> fds;
+  fds.emplace_back(dup(w.fds()[0]));
+  Reader r(w.bytes(), fds);
+  Tensor received = r.read<Tensor>();
+  EXPECT_EQ(received.data<float>()[1], 9);
+  t.reset();
+  for (int i = 0; i < 100; ++i) EXPECT_NE(Tensor::empty({4}, DType::f32).raw_data(), address);
+}
+
+}  // namespace
+}  // namespace forkpool
