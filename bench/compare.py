@@ -123,6 +123,81 @@ if tensor:
         label = f"{crossover >> 10} KiB" if crossover >= 1 << 10 else f"{crossover} B"
         row("tensor: serialized bytes become slower than a shared tensor at", label)
 
+batch_sizes = [(64 << 10, "64 KiB"), (1 << 20, "1024 KiB"), (12 << 20, "12288 KiB")]
+loader = {}  # batch bytes -> (recycled, fresh, torch, warm fill) in batches/s
+if tensor:
+    for size, label in batch_sizes:
+        recycled = tensor.get(f"BM_DataLoader/{size}/1/real_time")
+        fresh = tensor.get(f"BM_DataLoader/{size}/0/real_time")
+        if not recycled:
+            continue
+        r = recycled["items_per_second"]
+        f = fresh["items_per_second"] if fresh else None
+        torch = python_figure("py_dataloader.txt", r"batch " + label.split()[0] + r" KiB: ([\d.]+) batches/s")
+        fill = python_figure("fill.txt", r"fill a warm " + label.split()[0] + r" KiB batch: ([\d.]+) batches/s")
+        loader[size] = (r, f, torch, fill)
+        ratio = []
+        if torch:
+            ratio.append(f"{r / torch:.1f}x torch DataLoader ({torch:.0f}/s; target >= 10)")
+        if fill:
+            ratio.append(f"{r / fill:.2f}x one core's warm fill ({fill:.0f}/s; target >= 0.5 at 1 and 12 MiB)")
+        if f:
+            ratio.append(f"{r / f:.1f}x fresh memory per batch ({f:.0f}/s)")
+        row(f"tensor: DataLoader pattern, {label.split()[0]} KiB batches", f"{r:.0f} batches/s", "; ".join(ratio))
+
+
+def plot():
+    """PNG plots beside the results: the tensor round trip against size, and DataLoader throughput
+    against batch size; forkpool beside torch and the machine's limit."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("(no plots: python3-matplotlib is not installed)")
+        return
+    if tensor:
+        sizes, ours, theirs = [], [], []
+        for size, py_label in ((4 << 10, 4), (1 << 20, 1024), (64 << 20, 65536), (1 << 30, 1048576)):
+            b = tensor.get(f"BM_TensorRoundTrip/{size}/real_time")
+            if not b:
+                continue
+            sizes.append(size)
+            ours.append(ns(b) / 1e3)
+            theirs.append(python_figure("py_torch.txt", r"shared tensor " + str(py_label) + r" KiB round trip: ([\d.]+) us"))
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot(sizes, ours, "o-", label="forkpool")
+        if all(theirs):
+            ax.plot(sizes, theirs, "s--", label="torch.multiprocessing")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("tensor size (bytes)")
+        ax.set_ylabel("round trip through a worker (us)")
+        ax.set_title("Shared tensor round trip")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, "tensor_round_trip.png"), dpi=100)
+    if loader:
+        xs = sorted(loader)
+        fig, ax = plt.subplots(figsize=(6, 4))
+        series = [(0, "forkpool, recycled", "o-"), (1, "forkpool, fresh memory per batch", "^:"),
+                  (2, "torch DataLoader", "s--"), (3, "warm fill, one core (limit)", "k-")]
+        for index, label, style in series:
+            ys = [loader[x][index] for x in xs]
+            if all(ys):
+                ax.plot(xs, ys, style, label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("batch size (bytes)")
+        ax.set_ylabel("batches per second")
+        ax.set_title("DataLoader pattern, 2 workers")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, "dataloader.png"), dpi=100)
+    print(f"plots: {out}/tensor_round_trip.png, {out}/dataloader.png")
+
+
 width = max(len(r[0]) for r in rows) if rows else 0
 for what, figure, ratio in rows:
     print(f"{what:<{width}}  {figure:<28} {ratio}")
+plot()

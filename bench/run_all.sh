@@ -21,6 +21,10 @@ if [ -d "$anchors" ]; then
   (cd "$anchors" && /usr/bin/python3 py_pool.py) | tee "$out/py_pool.txt" >&2
   if /usr/bin/python3 -c "import torch" 2>/dev/null; then
     (cd "$anchors" && /usr/bin/python3 py_torch.py) | tee "$out/py_torch.txt" >&2
+    (cd "$anchors" && /usr/bin/python3 py_dataloader.py) | tee "$out/py_dataloader.txt" >&2
+  fi
+  if command -v gcc >/dev/null; then
+    gcc -O2 -o "$out/fill" "$anchors/fill.c" && "$out/fill" | tee "$out/fill.txt" >&2
   fi
 fi
 python3 "$(dirname "$0")/compare.py" "$out"
