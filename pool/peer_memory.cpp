@@ -48,6 +48,20 @@ TabledPayload split_block_table(std::span<const std::byte> payload) {
   return split;
 }
 
+void append_release(Writer& w, std::span<const std::byte> release) {
+  w.write_bytes(release.data(), release.size());
+  w.write(static_cast<std::uint32_t>(release.size()));
+}
+
+std::pair<std::span<const std::byte>, std::span<const std::byte>> split_release(std::span<const std::byte> payload) {
+  std::uint32_t length = 0;
+  if (payload.size() < sizeof length) broken("a message of " + std::to_string(payload.size()) + " bytes has no release");
+  std::memcpy(&length, payload.data() + payload.size() - sizeof length, sizeof length);
+  if (length > payload.size() - sizeof length) broken("a message claims a release of " + std::to_string(length) + " bytes");
+  std::size_t rest = payload.size() - sizeof length - length;
+  return {payload.subspan(rest, length), payload.first(rest)};
+}
+
 PeerMemory::PeerMemory() : owner_(current_pid()) {}
 
 std::optional<PeerMemory::Introduction> PeerMemory::lend(const OutgoingBlocks& blocks) {

@@ -422,7 +422,9 @@ void PoolCoreImpl::handle_reply(Worker& worker, Message& message) {
   if (!worker.in_flight.empty()) worker.running_since = Clock::now();  // it has taken up the next
   try {
     if (message.kind == kResultMessage) {
-      TabledPayload payload = split_block_table(message.payload.bytes());
+      auto [release, rest] = split_release(message.payload.bytes());
+      worker.memory->accept_release(release);  // the job still holds what it lent
+      TabledPayload payload = split_block_table(rest);
       IncomingBlocks blocks = worker.memory->accept_blocks(payload.table);
       Reader results(payload.body, message.fds, &blocks);
       job->sink->chunk_done(job->chunk, job->range, results);

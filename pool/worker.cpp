@@ -19,14 +19,10 @@
 namespace forkpool::detail {
 namespace {
 
-// Sends what the parent should learn before the message that carries `blocks`: the blocks and
-// slabs let go of here (they go home before the result that may end the parent's wait), and the
-// slabs new to it. The blocks are lent from here on.
-void before_sending(Channel& channel, PeerMemory& memory, const OutgoingBlocks& blocks) {
+// Sends the blocks and slabs let go of here, if any.
+void send_release(Channel& channel, PeerMemory& memory) {
   if (PeerMemory::Release release = memory.take_release(); !release.empty())
     channel.send(kReleaseMessage, 0, release.encode().bytes());
-  if (auto introduction = memory.lend(blocks))
-    channel.send(kSlabMessage, 0, introduction->payload.bytes(), introduction->fds);
 }
 
 // Throws ProtocolError when the message's blocks are not valid: the conversation is broken.
@@ -54,12 +50,15 @@ void serve_task(Channel& channel, Message& task, PeerMemory& memory, RunningSlot
     reply.write_table(out);
   } catch (...) {
     call.blocks = IncomingBlocks({});
-    before_sending(channel, memory, {});
+    send_release(channel, memory);
     channel.send(kErrorMessage, task.request_id, encode_current_exception().bytes());
     return;
   }
-  call.blocks = IncomingBlocks({});  // the arguments are gone: what only they held goes home now
-  before_sending(channel, memory, reply);
+  // The arguments are gone: what only they held goes home with the result.
+  call.blocks = IncomingBlocks({});
+  append_release(out, memory.take_release().encode().bytes());
+  if (auto introduction = memory.lend(reply))
+    channel.send(kSlabMessage, 0, introduction->payload.bytes(), introduction->fds);
   channel.send(kResultMessage, task.request_id, out.bytes(), out.fds());
 }
 
@@ -95,7 +94,7 @@ void worker_main(const WorkerSpec& spec, int index, pid_t parent, UniqueFd chann
     }
     for (;;) {
       // What was let go of since (a release of ours freed a slab, say) goes home before we wait.
-      before_sending(channel, *memory, {});
+      send_release(channel, *memory);
       Message message = channel.receive();
       if (message.kind == kLoadObjectMessage) {
         objects.load(decode_object(message.payload.bytes()));

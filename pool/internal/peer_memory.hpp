@@ -91,6 +91,12 @@ struct TabledPayload {
 };
 TabledPayload split_block_table(std::span<const std::byte> payload);
 
+// A release may ride at the end of another message (a worker's result: what its task let go of
+// costs no message of its own): [release][u32 its length]. Appends it; and splits it off again
+// (the release, then the rest), throwing ProtocolError when it does not fit.
+void append_release(Writer& w, std::span<const std::byte> release);
+std::pair<std::span<const std::byte>, std::span<const std::byte>> split_release(std::span<const std::byte> payload);
+
 class PeerMemory final : public StorageReleaseListener,
                          public SlabReleaseListener,
                          public std::enable_shared_from_this<PeerMemory> {

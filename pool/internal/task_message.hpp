@@ -12,6 +12,7 @@
 //     descriptors  what the elements attached, which they name by index
 //   hello   (parent -> worker): the first message; carries one memfd, the worker's RunningSlot
 //   result  (worker -> parent): [u64 count of results, end - first][results...][table of blocks]
+//                               [release][u32 its length]: what the task let go of
 //   error   (worker -> parent): [type name][message] of what the task threw; with request id 0,
 //                               of what the pool's initializer threw (the worker then exits)
 //   slabs   (either way): the slabs the next message names that are new to the receiver,
