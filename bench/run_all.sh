@@ -27,4 +27,4 @@ if [ -d "$anchors" ]; then
     gcc -O2 -o "$out/fill" "$anchors/fill.c" && "$out/fill" | tee "$out/fill.txt" >&2
   fi
 fi
-python3 "$(dirname "$0")/compare.py" "$out"
+/usr/bin/python3 "$(dirname "$0")/compare.py" "$out"  # Debian's python3-matplotlib draws the plots
