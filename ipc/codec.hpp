@@ -130,6 +130,7 @@ class Reader {
 
   void read_bytes(void* out, std::size_t size) {
     if (size > remaining()) fail("needed " + std::to_string(size) + " bytes, " + std::to_string(remaining()) + " remain");
+    if (size == 0) return;  // `out` may be an empty vector's null data()
     std::memcpy(out, bytes_.data() + offset_, size);
     offset_ += size;
   }
