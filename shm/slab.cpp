@@ -14,6 +14,7 @@
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/internal/errno.hpp>
 #include <forkpool/runtime/internal/process.hpp>
+#include <forkpool/shm/internal/inode_key.hpp>
 #include <forkpool/shm/internal/slab_allocator.hpp>
 #include <forkpool/shm/internal/storage.hpp>
 
@@ -24,14 +25,8 @@
 namespace forkpool {
 namespace {
 
-struct InodeKey {
-  dev_t device;
-  ino_t inode;
-  bool operator==(const InodeKey&) const = default;
-};
-struct InodeHash {
-  std::size_t operator()(const InodeKey& k) const noexcept { return std::hash<ino_t>()(k.inode) * 31 + k.device; }
-};
+using detail::InodeHash;
+using detail::InodeKey;
 
 // The slabs this process maps, by inode: a slab received again is the same Slab. Under slab_lock().
 std::unordered_map<InodeKey, std::weak_ptr<Slab>, InodeHash>& slabs_by_inode() {
@@ -87,11 +82,7 @@ std::shared_ptr<Slab> Slab::create(std::size_t bytes) {
   slab->owner_ = detail::current_pid();
   struct stat st {};
   if (fstat(slab->fd_.get(), &st) < 0) detail::throw_last_errno("forkpool: fstat of a new slab");
-  std::lock_guard lock(detail::slab_lock());
-  slab->device_ = st.st_dev;
-  slab->inode_ = st.st_ino;
-  slabs_by_inode()[InodeKey{st.st_dev, st.st_ino}] = slab;
-  detail::mapped_counters().add(1, static_cast<std::int64_t>(bytes), 1);
+  remember(slab, st);
   return slab;
 }
 
@@ -112,12 +103,16 @@ std::shared_ptr<Slab> Slab::adopt(UniqueFd fd, std::size_t min_bytes) {
   slab->mapping_ = Mapping::map(fd.get(), size, PROT_READ | PROT_WRITE);
   page_in(slab->mapping_);
   slab->fd_ = std::move(fd);
+  remember(slab, st);
+  return slab;
+}
+
+void Slab::remember(const std::shared_ptr<Slab>& slab, const struct stat& st) {
   std::lock_guard lock(detail::slab_lock());
   slab->device_ = st.st_dev;
   slab->inode_ = st.st_ino;
   slabs_by_inode()[InodeKey{st.st_dev, st.st_ino}] = slab;
-  detail::mapped_counters().add(1, static_cast<std::int64_t>(size), 1);
-  return slab;
+  detail::mapped_counters().add(1, static_cast<std::int64_t>(slab->size()), 1);
 }
 
 void Slab::forget_inherited() noexcept {

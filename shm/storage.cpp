@@ -18,6 +18,7 @@
 #include <forkpool/ipc/internal/memfd.hpp>
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/shm/internal/name_tracker.hpp>
+#include <forkpool/shm/internal/inode_key.hpp>
 #include <forkpool/shm/internal/slab_allocator.hpp>
 #include <forkpool/runtime/internal/errno.hpp>
 
@@ -32,14 +33,8 @@ struct SegmentHeader {
 static_assert(sizeof(SegmentHeader) == 64);
 constexpr std::size_t kSegmentDataOffset = sizeof(SegmentHeader);
 
-struct InodeKey {
-  dev_t device;
-  ino_t inode;
-  bool operator==(const InodeKey&) const = default;
-};
-struct InodeHash {
-  std::size_t operator()(const InodeKey& k) const noexcept { return std::hash<ino_t>()(k.inode) * 31 + k.device; }
-};
+using detail::InodeHash;
+using detail::InodeKey;
 
 // The storages this process maps, by inode: receiving one again reuses the mapping. Tensors
 // may be released on any thread; the lock is held across fork() so a child never inherits it

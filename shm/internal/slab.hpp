@@ -12,6 +12,7 @@
 // Thread safety: everything here may be called on any thread; one process-wide lock guards the
 // slabs' bookkeeping (slab_lock()), held across fork() so that a child never inherits it taken.
 
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include <atomic>
@@ -82,6 +83,8 @@ class Slab : public std::enable_shared_from_this<Slab> {
   friend class Storage;
   friend class detail::SlabAllocator;
   Slab();
+  // Registers a slab just mapped: adopt() finds it by inode, and the stats count it.
+  static void remember(const std::shared_ptr<Slab>& slab, const struct stat& st);
   std::shared_ptr<Storage> make_block(std::size_t offset, std::size_t bytes);  // slab_lock() held
   // The block's storage is being destroyed.
   void block_released(std::size_t offset) noexcept;
