@@ -8,11 +8,15 @@
 #include <csignal>
 #include <cstdio>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <system_error>
+#include <tuple>
 
+#include <forkpool/pool/internal/task_message.hpp>
 #include <forkpool/runtime/error.hpp>
+#include <forkpool/shm/internal/name_tracker.hpp>
 #include <forkpool/shm/internal/slab.hpp>
 #include <forkpool/runtime/internal/errno.hpp>
 #include <forkpool/runtime/internal/loaded_objects.hpp>
@@ -56,6 +60,10 @@ enum ZygoteRequest : std::uint16_t {
 // parent's side, and its status is kept until the parent asks for it.
 class ZygoteChildren {
  public:
+  // keep_status false: nobody will ask (the program's fork server's children, the pools' fork
+  // servers): each is reaped and forgotten.
+  explicit ZygoteChildren(bool keep_status = true) : keep_status_(keep_status) {}
+
   void add(std::uint64_t spawn_id, SpawnedWorker child) {
     last_spawn_ = {spawn_id, child.pid};
     running_.emplace(child.pid, std::move(child.pidfd));
@@ -107,9 +115,10 @@ class ZygoteChildren {
     ExitStatus status = detail::reap(pidfd);
     pid_t pid = it->first;
     running_.erase(it);
-    if (!forgotten_.erase(pid)) exited_[pid] = status;
+    if (!forgotten_.erase(pid) && keep_status_) exited_[pid] = status;
   }
 
+  bool keep_status_;
   std::map<pid_t, UniqueFd> running_;  // by pid: its pidfd
   std::map<pid_t, ExitStatus> exited_;
   std::set<pid_t> forgotten_;
@@ -157,6 +166,130 @@ class ZygoteChildren {
   }
 }
 
+// The program's fork server (forkpool::init()): forked before the program has threads, it
+// forks a fork server for each pool made later, so that no worker inherits a lock some thread
+// of the program held. Its one request:
+//   start (the pool -> it): [maxtasksperchild][initializer address][the initializer's object]
+//                           and descriptors: the new fork server's control end, and the pool's
+//                           /dev/shm name tracker socket if it has one
+//           reply:          [int64 pid or -errno] and that fork server's pidfd
+enum ProgramServerRequest : std::uint16_t { kStartForkServer = 1 };
+
+using StartForkServer = std::tuple<int, std::uint64_t, ObjectRecord>;
+
+[[noreturn]] void program_server_main(pid_t parent, UniqueFd control_fd, std::shared_ptr<const std::set<std::uintptr_t>> own) noexcept {
+  int fd = become_helper_process("forkpool-server", parent, control_fd.release());
+  Channel control{UniqueFd(fd)};
+  ZygoteChildren children(/*keep_status=*/false);
+  try {
+    for (;;) {
+      children.wait_for_request(control.fd());
+      Message request = control.receive();
+      if (request.kind != kStartForkServer || request.fds.empty() || request.fds.size() > 2) exit_helper(kExitBadMessage);
+      auto [maxtasksperchild, initializer, record] = decode<StartForkServer>(request.payload.bytes());
+      pid_t server = getpid();
+      pid_t pid = fork_helper();
+      if (pid == 0) {
+        UniqueFd pool_control = std::move(request.fds[0]);
+        control.release().reset();
+        ObjectTranslation objects;  // an initializer in an object loaded after init()
+        LoadedObject object = object_of(std::move(record));
+        if (initializer != 0 && !own->contains(object.base)) objects.load(object);
+        WorkerSpec spec{maxtasksperchild, {}};
+        try {
+          if (initializer != 0) spec.initializer = reinterpret_cast<void (*)()>(objects.translate(initializer));
+          if (request.fds.size() == 2) adopt_name_tracker(std::move(request.fds[1]));
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "forkpool: fork server: %s\n", e.what());
+          exit_helper(kExitBadMessage);
+        }
+        zygote_main(spec, server, std::move(pool_control));
+      }
+      std::optional<SpawnedWorker> child;
+      std::int64_t pid_or_error = pid;
+      if (pid < 0) {
+        pid_or_error = -errno;
+      } else {
+        try {
+          child.emplace(SpawnedWorker{pid, open_pidfd(pid), nullptr});
+        } catch (const std::system_error& e) {
+          kill(pid, SIGKILL);
+          waitpid(pid, nullptr, 0);
+          pid_or_error = -e.code().value();
+        }
+      }
+      int pidfd = child ? child->pidfd.get() : -1;
+      control.send(kStartForkServer, request.request_id, encode(pid_or_error).bytes(),
+                   child ? std::span(&pidfd, 1) : std::span<const int>());
+      if (child) children.add(request.request_id, std::move(*child));
+    }
+  } catch (const ChannelClosed&) {
+    exit_helper(0);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "forkpool: the program's fork server: %s\n", e.what());
+    exit_helper(kExitBadMessage);
+  }
+}
+
+class ProgramForkServer {
+ public:
+  // The one init() started, for use by the process that called init() (a process forked from
+  // it would share its socket, and their replies would cross): null elsewhere.
+  static ProgramForkServer* get() {
+    ProgramForkServer* server = instance().get();
+    return server && server->owner_ == current_pid() ? server : nullptr;
+  }
+
+  static void start() {
+    if (instance()) return;
+    auto [ours, theirs] = Channel::make_pair();
+    auto own = loaded_object_bases();
+    pid_t parent = getpid();
+    pid_t pid = fork_helper();
+    if (pid < 0) throw_last_errno("forkpool: fork (the program's fork server)");
+    if (pid == 0) {
+      ours.release().reset();
+      program_server_main(parent, theirs.release(), own);
+    }
+    instance().reset(new ProgramForkServer(pid, std::move(ours), std::move(own)));
+  }
+
+  // Forks a fork server for a pool, serving `control` (its end), whose workers run `spec`;
+  // `spec.initializer` is plain. Throws ChannelClosed when this server is gone.
+  SpawnedWorker start_fork_server(const WorkerSpec& spec, int control) {
+    std::lock_guard lock(mutex_);  // pools on several threads share the socket
+    auto initializer = reinterpret_cast<std::uintptr_t>(spec.initializer.plain());
+    ObjectRecord record;
+    if (initializer != 0)
+      if (auto object = object_at(initializer)) record = record_of(*object);
+    std::vector<int> fds{control};
+    if (int tracker = name_tracker_socket(); tracker >= 0) fds.push_back(tracker);
+    channel_.send(kStartForkServer, ++next_id_, encode(StartForkServer(spec.maxtasksperchild, initializer, record)).bytes(), fds);
+    Message reply = channel_.receive();
+    if (reply.kind != kStartForkServer || reply.request_id != next_id_) throw ProtocolError("forkpool: the program's fork server replied out of turn");
+    auto pid = decode<std::int64_t>(reply.payload.bytes());
+    if (pid < 0) throw std::system_error(static_cast<int>(-pid), std::generic_category(), "forkpool: fork (in the program's fork server)");
+    if (reply.fds.size() != 1) throw ProtocolError("forkpool: the program's fork server replied without a pidfd");
+    return {static_cast<pid_t>(pid), std::move(reply.fds[0]), objects_};
+  }
+
+ private:
+  ProgramForkServer(pid_t pid, Channel channel, std::shared_ptr<const std::set<std::uintptr_t>> objects)
+      : owner_(current_pid()), pid_(pid), channel_(std::move(channel)), objects_(std::move(objects)) {}
+
+  static std::unique_ptr<ProgramForkServer>& instance() {
+    static std::unique_ptr<ProgramForkServer> server;  // lives (and runs) as long as the program
+    return server;
+  }
+
+  pid_t owner_;
+  pid_t pid_;
+  Channel channel_;
+  std::shared_ptr<const std::set<std::uintptr_t>> objects_;  // what it and its children have
+  std::mutex mutex_;
+  std::uint64_t next_id_ = 0;
+};
+
 class ForkServerLauncher final : public Launcher {
  public:
   explicit ForkServerLauncher(WorkerSpec spec) : spec_(std::move(spec)) { start_zygote(); }
@@ -194,6 +327,20 @@ class ForkServerLauncher final : public Launcher {
  private:
   void start_zygote() {
     auto [ours, theirs] = Channel::make_pair();
+    // A plain initializer (or none) can be named to the program's fork server; one holding
+    // state exists only here, so then the pool forks its own.
+    ProgramForkServer* program = ProgramForkServer::get();
+    if (program && (!spec_.initializer || spec_.initializer.plain())) {
+      try {
+        zygote_ = program->start_fork_server(spec_, theirs.fd());
+        own_child_ = false;
+        control_.emplace(ours.release());
+        return;
+      } catch (const ChannelClosed&) {
+        // The program's fork server is gone (killed): the pool forks its own.
+      }
+    }
+    own_child_ = true;
     pid_t parent = getpid();
     pid_t pid = fork_helper();
     if (pid < 0) throw_last_errno("forkpool: fork (fork server)");
@@ -246,11 +393,14 @@ class ForkServerLauncher final : public Launcher {
 
   WorkerSpec spec_;
   SpawnedWorker zygote_;
+  bool own_child_ = true;  // forked by us, not by the program's fork server
   std::optional<Channel> control_;
   std::uint64_t next_id_ = 0;
 };
 
 }  // namespace
+
+void start_program_fork_server() { ProgramForkServer::start(); }
 
 std::unique_ptr<Launcher> make_fork_launcher(WorkerSpec spec) { return std::make_unique<ForkLauncher>(std::move(spec)); }
 std::unique_ptr<Launcher> make_fork_server_launcher(WorkerSpec spec) {

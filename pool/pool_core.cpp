@@ -25,6 +25,7 @@
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/internal/event.hpp>
 #include <forkpool/runtime/internal/io.hpp>
+#include <forkpool/runtime/internal/spawned_worker.hpp>
 #include <forkpool/runtime/internal/loaded_objects.hpp>
 #include <forkpool/runtime/internal/loop_internals.hpp>
 #include <forkpool/runtime/scope.hpp>
@@ -49,9 +50,9 @@ std::unique_ptr<Launcher> make_launcher(const PoolOptions& options) {
   switch (options.start_method) {
     case StartMethod::fork: return make_fork_launcher(std::move(spec));
     case StartMethod::forkserver: return make_fork_server_launcher(std::move(spec));
-    case StartMethod::spawn: break;
+    case StartMethod::spawn: return make_spawn_launcher(std::move(spec));
   }
-  throw std::invalid_argument("forkpool: StartMethod::spawn is not supported yet; use fork or forkserver");
+  throw std::invalid_argument("forkpool: unknown start method");
 }
 
 // Tells the worker at the other end of `line` which of its blocks were let go here and which
@@ -187,6 +188,7 @@ PoolCoreImpl::PoolCoreImpl(PoolOptions options)
 }
 
 void PoolCoreImpl::start_workers() {
+  serve_if_spawned_worker();  // a spawned worker's program making a pool before init() serves instead
   try {
     start_name_tracker();  // one per process tree: the workers must inherit ours
   } catch (const std::system_error&) {

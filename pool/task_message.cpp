@@ -48,15 +48,18 @@ TaskCall read_task(Message& task, PeerMemory& memory) {
           memory.accept_blocks(payload.table)};
 }
 
-Writer encode_object(const LoadedObject& object) {
-  return encode(std::tuple<std::string, std::string, std::uint64_t, std::uint64_t>(object.path, object.build_id,
-                                                                                   object.base, object.size));
+ObjectRecord record_of(const LoadedObject& object) {
+  return {object.path, object.build_id, object.base, object.size};
 }
 
-LoadedObject decode_object(std::span<const std::byte> payload) {
-  auto [path, build_id, base, size] = decode<std::tuple<std::string, std::string, std::uint64_t, std::uint64_t>>(payload);
+LoadedObject object_of(ObjectRecord record) {
+  auto& [path, build_id, base, size] = record;
   return {std::move(path), std::move(build_id), static_cast<std::uintptr_t>(base), static_cast<std::uintptr_t>(size)};
 }
+
+Writer encode_object(const LoadedObject& object) { return encode(record_of(object)); }
+
+LoadedObject decode_object(std::span<const std::byte> payload) { return object_of(decode<ObjectRecord>(payload)); }
 
 Writer encode_current_exception() {
   return encode(describe_current_exception());

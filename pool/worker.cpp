@@ -73,13 +73,12 @@ Mapping receive_running_slot(Channel& channel) {
 
 }  // namespace
 
-void worker_main(const WorkerSpec& spec, int index, pid_t parent, UniqueFd channel_fd) noexcept {
+void worker_main(const WorkerSpec& spec, int index, pid_t parent, UniqueFd channel_fd, ObjectTranslation objects) noexcept {
   int fd = become_helper_process("forkpool-worker-" + std::to_string(index), parent, channel_fd.release());
   Channel channel{UniqueFd(fd)};
   Storage::forget_inherited();
   int served = 0;
   auto memory = std::make_shared<PeerMemory>();  // shared memory between the parent and us
-  ObjectTranslation objects;  // objects the parent loaded after forking us
   try {
     Mapping slot = receive_running_slot(channel);
     auto& running = *reinterpret_cast<RunningSlot*>(slot.data());

@@ -52,6 +52,12 @@ void each_object(F f) {
 
 }  // namespace
 
+std::vector<LoadedObject> loaded_objects() {
+  std::vector<LoadedObject> objects;
+  each_object([&](const dl_phdr_info& info) { objects.push_back(describe(info)); });
+  return objects;
+}
+
 std::shared_ptr<const std::set<std::uintptr_t>> loaded_object_bases() {
   auto bases = std::make_shared<std::set<std::uintptr_t>>();
   each_object([&](const dl_phdr_info& info) { bases->insert(info.dlpi_addr); });
@@ -76,11 +82,12 @@ std::optional<LoadedObject> object_at(std::uintptr_t address) {
 
 void ObjectTranslation::load(const LoadedObject& parents) {
   Entry entry{parents.base, parents.base + parents.size, 0, {}};
+  bool main_program = parents.path.empty();
   // RTLD_NODELETE: a function we resolved stays valid for the worker's life.
-  if (void* handle = dlopen(parents.path.c_str(), RTLD_NOW | RTLD_NODELETE)) {
+  if (main_program || dlopen(parents.path.c_str(), RTLD_NOW | RTLD_NODELETE)) {
     std::optional<LoadedObject> here;
     each_object([&](const dl_phdr_info& info) {
-      if (!here && info.dlpi_name && parents.path == info.dlpi_name) here = describe(info);
+      if (!here && parents.path == (info.dlpi_name ? info.dlpi_name : "")) here = describe(info);
     });
     if (!here) {
       entry.error = "it was loaded but not found among the loaded objects";
@@ -89,12 +96,12 @@ void ObjectTranslation::load(const LoadedObject& parents) {
     } else {
       entry.local_base = here->base;
     }
-    (void)handle;  // kept loaded (RTLD_NODELETE)
   } else {
     const char* why = dlerror();
     entry.error = why ? why : "dlopen failed";
   }
-  if (!entry.error.empty()) entry.error = "forkpool: the worker cannot load " + parents.path + ": " + entry.error;
+  if (!entry.error.empty())
+    entry.error = "forkpool: the worker cannot load " + (main_program ? std::string("the main program") : parents.path) + ": " + entry.error;
   entries_.push_back(std::move(entry));
 }
 

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <vector>
 
+#include <forkpool/runtime/internal/spawned_worker.hpp>
 #include <forkpool/runtime/internal/errno.hpp>
 #include <forkpool/runtime/internal/io.hpp>
 #include <forkpool/runtime/internal/loop_internals.hpp>
@@ -170,6 +171,7 @@ Task<void> sleep_for(std::chrono::nanoseconds duration) { co_await wait_until(de
 namespace forkpool::detail {
 
 void run_until_done(std::coroutine_handle<> task) {
+  serve_if_spawned_worker();  // a spawned worker's program reaching run() becomes the worker
   Loop& loop = Loop::current();
   LoopInternals::DriveGuard guard(loop, "forkpool::run");
   task.resume();

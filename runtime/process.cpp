@@ -1,6 +1,7 @@
 #include <forkpool/runtime/internal/process.hpp>
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -12,6 +13,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <vector>
 
@@ -126,12 +128,10 @@ void set_process_name(const std::string& name) noexcept {
   set_cmdline(name);
 }
 
-int become_helper_process(const std::string& name, pid_t expected_parent, int keep) noexcept {
-  die_with_parent(expected_parent);
+namespace {
 
-  // Ctrl-C and Ctrl-\ reach the terminal's whole process group: they are the parent's to handle
-  // (with its own handler, say), and its helpers live and die with it. Signals stay blocked
-  // (fork_helper) until every disposition is set: none finds the parent's handler or a default.
+// Default dispositions but SIGINT and SIGQUIT ignored, then an empty mask. Async-signal-safe.
+void reset_signals_in_helper() noexcept {
   struct sigaction action {};
   for (int sig = 1; sig < NSIG; ++sig) {
     if (sig == SIGKILL || sig == SIGSTOP) continue;
@@ -141,6 +141,53 @@ int become_helper_process(const std::string& name, pid_t expected_parent, int ke
   sigset_t none;
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, nullptr);
+}
+
+// Our arguments, as the kernel keeps them (argv[0] included).
+std::vector<std::string> own_arguments() {
+  std::ifstream file("/proc/self/cmdline", std::ios::binary);
+  std::string all((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  std::vector<std::string> arguments;
+  for (std::size_t at = 0; at < all.size();) {
+    std::size_t end = all.find('\0', at);
+    if (end == std::string::npos) end = all.size();
+    arguments.emplace_back(all, at, end - at);
+    at = end + 1;
+  }
+  return arguments;
+}
+
+std::vector<char*> pointers_to(std::vector<std::string>& strings) {
+  std::vector<char*> pointers;
+  for (auto& s : strings) pointers.push_back(s.data());
+  pointers.push_back(nullptr);
+  return pointers;
+}
+
+}  // namespace
+
+pid_t spawn_self(int keep, const std::vector<std::string>& environment) {
+  // Everything the child needs is made here: between fork and exec it may only make
+  // async-signal-safe calls (other threads of ours may hold the allocator's locks).
+  std::vector<std::string> arguments = own_arguments();
+  std::vector<std::string> variables = environment;
+  std::vector<char*> argv = pointers_to(arguments), envp = pointers_to(variables);
+  pid_t pid = fork_helper();  // the child starts with every signal blocked
+  if (pid < 0) throw_last_errno("forkpool: fork (spawn)");
+  if (pid > 0) return pid;
+  reset_signals_in_helper();
+  if (fcntl(keep, F_SETFD, 0) != 0) _exit(127);
+  execve("/proc/self/exe", argv.data(), envp.data());
+  _exit(127);
+}
+
+int become_helper_process(const std::string& name, pid_t expected_parent, int keep) noexcept {
+  die_with_parent(expected_parent);
+
+  // Ctrl-C and Ctrl-\ reach the terminal's whole process group: they are the parent's to handle
+  // (with its own handler, say), and its helpers live and die with it. Signals stay blocked
+  // (fork_helper) until every disposition is set: none finds the parent's handler or a default.
+  reset_signals_in_helper();
 
   constexpr int kChannelFd = 3;
   if (keep != kChannelFd) {

@@ -16,6 +16,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <atomic>
 #include <string>
 #include <string_view>
 
@@ -182,6 +183,12 @@ bool receive_message(int socket, std::string& message, pid_t& sender) {
   _exit(0);
 }
 
+UniqueFd& adopted_socket() {
+  static UniqueFd socket;
+  return socket;
+}
+std::atomic<int> tracker_socket{-1};
+
 class Tracker {
  public:
   static Tracker& instance() {
@@ -198,6 +205,11 @@ class Tracker {
 
  private:
   Tracker() {
+    if (UniqueFd& adopted = adopted_socket()) {
+      keep(adopted.get());
+      adopted.reset();
+      return;
+    }
     int ends[2];
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ends) != 0)
       throw_last_errno("forkpool: name tracker socket");
@@ -211,9 +223,16 @@ class Tracker {
       our_end.reset();
       tracker_main(tracker_end.release());
     }
-    socket_ = fcntl(our_end.get(), F_DUPFD_CLOEXEC, kTrackerFdFloor);
+    keep(our_end.get());
+  }
+
+  // Our socket, at a number helpers keep (kTrackerFdFloor or above).
+  void keep(int fd) {
+    socket_ = fcntl(fd, F_DUPFD_CLOEXEC, kTrackerFdFloor);
+    if (socket_ < 0 && errno == EINVAL) socket_ = fcntl(fd, F_DUPFD_CLOEXEC, 4);  // a limit at or below the floor
     if (socket_ < 0) throw_last_errno("forkpool: name tracker descriptor");
     keep_in_helpers(socket_);
+    tracker_socket.store(socket_);
   }
 
   int socket_ = -1;  // open for the life of the process (and of its helpers)
@@ -222,6 +241,13 @@ class Tracker {
 }  // namespace
 
 void start_name_tracker() { Tracker::instance(); }
+
+int name_tracker_socket() noexcept { return tracker_socket.load(); }
+
+void adopt_name_tracker(UniqueFd socket) {
+  adopted_socket() = std::move(socket);
+  Tracker::instance();
+}
 
 void track_segment_name(const std::string& name) { Tracker::instance().send('+', name); }
 void untrack_segment_name(const std::string& name) { Tracker::instance().send('-', name); }

@@ -199,7 +199,7 @@ TEST_F(ControlTest, AsCompletedYieldsEveryIndexOnceFastestFirst) {
 
 int nap_and_count(int ms) {
   std::this_thread::sleep_for(std::chrono::milliseconds(ms));
-  if (ms >= 500) return shared()->calls.load();  // how many others finished while this one ran
+  if (ms >= 1000) return shared()->calls.load();  // how many others finished while this one ran
   shared()->calls.fetch_add(1);
   return -1;
 }
@@ -207,7 +207,7 @@ int nap_and_count(int ms) {
 TEST_F(ControlTest, AnOrderedImapKeepsTheOtherWorkerBusyWhileOneTaskIsSlow) {
   Pool pool({.processes = 2});
   std::vector<int> ms(1000, 1);
-  ms[2] = 500;
+  ms[2] = 1000;  // long enough for 400 others of 1 ms each, also under ASan
   auto consume = [&]() -> Task<int> {
     auto stream = pool.imap(nap_and_count, ms);
     int during_slow = -1, count = 0;

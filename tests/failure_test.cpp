@@ -38,9 +38,13 @@ using test_support::run_in_child;
 
 int square(int x) { return x * x; }
 
-// Polls `condition` for up to two seconds.
+// The pool's fork server: our child, or, once the suite's main called forkpool::init(), a child
+// of the program's fork server.
 pid_t the_fork_server() {
   std::vector<pid_t> servers = children_named("forkpool-zygote");
+  for (pid_t program_server : children_named("forkpool-server"))
+    for (pid_t child : children_of(program_server))
+      if (test_support::process_name(child) == "forkpool-zygote") servers.push_back(child);
   return servers.size() == 1 ? servers[0] : -1;
 }
 
@@ -279,10 +283,10 @@ TEST_P(WorkFailureTest, RandomKillsWithoutRetriesFailOnlyTasksThatRanOnTheKilled
   EXPECT_LE(lost, static_cast<int>(killed.size()));  // at most the one task each killed worker ran
 }
 
-INSTANTIATE_TEST_SUITE_P(StartMethods, WorkFailureTest, test_support::both_start_methods(),
+INSTANTIATE_TEST_SUITE_P(StartMethods, WorkFailureTest, test_support::all_start_methods(),
                          test_support::start_method_name);
 
-INSTANTIATE_TEST_SUITE_P(StartMethods, HelperFailureTest, test_support::both_start_methods(),
+INSTANTIATE_TEST_SUITE_P(StartMethods, HelperFailureTest, test_support::all_start_methods(),
                          test_support::start_method_name);
 
 }  // namespace

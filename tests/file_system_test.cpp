@@ -165,7 +165,7 @@ TEST_P(FileSystemTest, AnAllocationWithoutDescriptorsIsAnExceptionAndLeavesNoSeg
   EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(StartMethods, FileSystemTest, test_support::both_start_methods(),
+INSTANTIATE_TEST_SUITE_P(StartMethods, FileSystemTest, test_support::all_start_methods(),
                          test_support::start_method_name);
 
 }  // namespace

@@ -80,7 +80,7 @@ TEST_P(FunctionRefTest, ALibraryThatIsAnotherBuildInTheWorkerIsAnErrorNotACrash)
   EXPECT_EQ(pool.worker_pids().at(0), worker);  // an error, not a crash
 }
 
-INSTANTIATE_TEST_SUITE_P(StartMethods, FunctionRefTest, test_support::both_start_methods(),
+INSTANTIATE_TEST_SUITE_P(StartMethods, FunctionRefTest, test_support::all_start_methods(),
                          test_support::start_method_name);
 
 }  // namespace

@@ -7,9 +7,14 @@
 #include <cstdlib>
 #include <string>
 
+#include <forkpool/pool/init.hpp>
 #include <forkpool/runtime/loop.hpp>
 
+#include "support.hpp"
+
 int main(int argc, char** argv) {
+  forkpool::test_support::mark_test_run();
+  forkpool::init();  // a spawned worker serves from here; the suite starts its fork server
   ::testing::InitGoogleTest(&argc, argv);
   const char* forced = std::getenv("FORKPOOL_BACKEND");
   try {

@@ -644,7 +644,7 @@ TEST_P(PoolTest, AWorkerThatBreaksTheProtocolIsReplacedAndItsTaskFailsWithProtoc
   EXPECT_NE(pool.worker_pids().at(0), before);
 }
 
-INSTANTIATE_TEST_SUITE_P(StartMethods, PoolTest, test_support::both_start_methods(),
+INSTANTIATE_TEST_SUITE_P(StartMethods, PoolTest, test_support::all_start_methods(),
                          test_support::start_method_name);
 
 }  // namespace

@@ -1,6 +1,8 @@
 #include "support.hpp"
 
 #include <dirent.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -10,7 +12,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
+#include <vector>
 
 namespace forkpool::test_support {
 
@@ -94,12 +98,44 @@ constexpr const char* kFreshProcessVariable = "FORKPOOL_TEST_FRESH_PROCESS";
 
 bool in_fresh_process() { return std::getenv(kFreshProcessVariable) != nullptr; }
 
+namespace {
+constexpr const char* kTestRunVariable = "FORKPOOL_TEST_RUN";
+}
+
+void mark_test_run() {
+  if (!std::getenv(kTestRunVariable)) setenv(kTestRunVariable, std::to_string(getpid()).c_str(), 1);
+}
+
+void* shared_file(const char* name, std::size_t size) {
+  const char* run = std::getenv(kTestRunVariable);
+  std::string path = std::string("/tmp/forkpool-test-") + (run ? run : std::to_string(getpid())) + "-" +
+                     std::to_string(std::hash<std::string>{}(name));
+  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0 || ftruncate(fd, static_cast<off_t>(size)) != 0) std::abort();
+  void* memory = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (memory == MAP_FAILED) std::abort();
+  // The run's first process removes the file when it exits; the mapping lives on meanwhile.
+  static std::vector<std::string>* to_remove = new std::vector<std::string>;
+  if (!run || std::to_string(getpid()) == run) {
+    static pid_t owner = getpid();  // a forked child that calls exit() inherits the handler
+    if (to_remove->empty())
+      std::atexit([] {
+        if (getpid() == owner)
+          for (auto& p : *to_remove) unlink(p.c_str());
+      });
+    to_remove->push_back(path);
+  }
+  return memory;
+}
+
 int rerun_in_fresh_process() {
   const testing::TestInfo* test = testing::UnitTest::GetInstance()->current_test_info();
   std::string filter = std::string("--gtest_filter=") + test->test_suite_name() + "." + test->name();
   pid_t pid = fork();
   if (pid == 0) {
     setenv(kFreshProcessVariable, "1", 1);
+    unsetenv(kTestRunVariable);  // a run of its own
     execl("/proc/self/exe", "fresh-process", filter.c_str(), static_cast<char*>(nullptr));
     _exit(127);
   }

@@ -11,6 +11,8 @@
 #include <functional>
 #include <new>
 #include <string>
+#include <type_traits>
+#include <typeinfo>
 #include <thread>
 #include <vector>
 
@@ -19,9 +21,16 @@
 namespace forkpool::test_support {
 
 // The start methods a pool test runs under, and their names in the test's name.
-inline auto both_start_methods() { return ::testing::Values(StartMethod::fork, StartMethod::forkserver); }
+inline auto all_start_methods() {
+  return ::testing::Values(StartMethod::fork, StartMethod::forkserver, StartMethod::spawn);
+}
 inline std::string start_method_name(const ::testing::TestParamInfo<StartMethod>& info) {
-  return info.param == StartMethod::fork ? "fork" : "forkserver";
+  switch (info.param) {
+    case StartMethod::fork: return "fork";
+    case StartMethod::forkserver: return "forkserver";
+    case StartMethod::spawn: return "spawn";
+  }
+  return "unknown";
 }
 
 // How many descriptors this process has open (counted in /proc/self/fd).
@@ -53,13 +62,20 @@ bool eventually(F condition, std::chrono::milliseconds limit = std::chrono::seco
   return condition();
 }
 
-// One value-initialized T in memory shared with every process forked after the first call (for
-// counters that workers write and the test reads). Call it before making a pool.
+// One zero-filled T in memory shared with every process the test starts (for counters that
+// workers write and the test reads): forked ones inherit the mapping; a spawned worker (a fresh
+// run of this executable) maps the same file, named after the run (see mark_test_run()).
+void* shared_file(const char* name, std::size_t size);
 template <class T>
 T& shared_across_forks() {
-  static T* value = new (mmap(nullptr, sizeof(T), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0)) T{};
+  static_assert(std::is_trivially_destructible_v<T>);
+  static T* value = static_cast<T*>(shared_file(typeid(T).name(), sizeof(T)));
   return *value;
 }
+
+// Names this run of the suite (in the environment, which spawned workers inherit), unless it is
+// one of those workers. The suite's main calls it first.
+void mark_test_run();
 
 // Runs `body` in a forked child and returns its exit status as waitpid() reports it. The child
 // exits 0 if `body` returns normally, 1 if it throws.

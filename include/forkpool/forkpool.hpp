@@ -3,6 +3,7 @@
 
 #include <forkpool/ipc/codec.hpp>
 #include <forkpool/pool/as_completed.hpp>
+#include <forkpool/pool/init.hpp>
 #include <forkpool/pool/pool.hpp>
 #include <forkpool/pool/spawn.hpp>
 #include <forkpool/pool/stream.hpp>

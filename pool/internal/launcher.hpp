@@ -18,8 +18,8 @@ namespace forkpool::detail {
 struct SpawnedWorker {
   pid_t pid = -1;
   UniqueFd pidfd;  // readable once the worker has exited
-  // The objects loaded (at these bases) in the process it was forked from, when it was forked:
-  // it has their code at the same addresses.
+  // The parent's objects (by base) whose code the worker has at the same addresses, or can
+  // translate already: those of the process it was forked from, when it was forked.
   std::shared_ptr<const std::set<std::uintptr_t>> objects;
 };
 
@@ -32,7 +32,17 @@ class Launcher {
   virtual ExitStatus reap(const SpawnedWorker& worker) = 0;
 };
 
+// Starts the program's fork server (forkpool::init()), once: every later fork server launcher
+// of this process asks it for the pool's fork server (unless the initializer holds state),
+// rather than forking one from a process that may have threads by then. Throws std::system_error.
+void start_program_fork_server();
+
 std::unique_ptr<Launcher> make_fork_launcher(WorkerSpec spec);
 std::unique_ptr<Launcher> make_fork_server_launcher(WorkerSpec spec);
+// Each worker a fresh run of the program's executable, which serves from forkpool::init() (or
+// run(), or its first Pool). spawn() returns once the worker got there; a worker that exits or
+// stalls before is an Error naming the cause. Throws std::invalid_argument for an initializer
+// that is not a plain function.
+std::unique_ptr<Launcher> make_spawn_launcher(WorkerSpec spec);
 
 }  // namespace forkpool::detail

@@ -236,6 +236,11 @@ struct TaskCall {
 // message is malformed.
 TaskCall read_task(Message& task, PeerMemory& memory);
 
+// A loaded object as it crosses: [path][build id][base][size].
+using ObjectRecord = std::tuple<std::string, std::string, std::uint64_t, std::uint64_t>;
+ObjectRecord record_of(const LoadedObject& object);
+LoadedObject object_of(ObjectRecord record);
+
 // The payload of a load-object message.
 Writer encode_object(const LoadedObject& object);
 LoadedObject decode_object(std::span<const std::byte> payload);

@@ -3,19 +3,21 @@
 
 #include <sys/types.h>
 
-#include <functional>
-
+#include <forkpool/pool/pool_options.hpp>
+#include <forkpool/runtime/internal/loaded_objects.hpp>
 #include <forkpool/runtime/internal/unique_fd.hpp>
 
 namespace forkpool::detail {
 
 struct WorkerSpec {
   int maxtasksperchild = 0;
-  std::function<void()> initializer;
+  Initializer initializer;
 };
 
-// Runs in a freshly forked process: sets it up, runs the initializer, then serves tasks from
-// `channel` until it closes (or maxtasksperchild is reached). Never returns.
-[[noreturn]] void worker_main(const WorkerSpec& spec, int index, pid_t parent, UniqueFd channel) noexcept;
+// Runs in a freshly forked (or spawned) process: sets it up, runs the initializer, then serves
+// tasks from `channel` until it closes (or maxtasksperchild is reached). `objects` translates the
+// parent's code addresses where this process does not have them at the same place. Never returns.
+[[noreturn]] void worker_main(const WorkerSpec& spec, int index, pid_t parent, UniqueFd channel,
+                              ObjectTranslation objects = {}) noexcept;
 
 }  // namespace forkpool::detail

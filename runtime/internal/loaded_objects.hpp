@@ -20,18 +20,23 @@ struct LoadedObject {
   std::uintptr_t size = 0;  // from base to the end of its last loadable segment
 };
 
+// Every object loaded now, the main program first.
+std::vector<LoadedObject> loaded_objects();
+
 // The load addresses of every object loaded now.
 std::shared_ptr<const std::set<std::uintptr_t>> loaded_object_bases();
 
 // The object that holds `address`, or nothing (code made at run time, say).
 std::optional<LoadedObject> object_at(std::uintptr_t address);
 
-// A worker's view of objects its parent loaded after forking it: the parent's address range of
-// each, and where (or whether) this process has it.
+// A worker's view of objects its parent has and it may not have at the same address: loaded
+// after forking it, or, in a spawned worker (a fresh run of the program), all of them. For each,
+// the parent's address range and where (or whether) this process has it.
 class ObjectTranslation {
  public:
-  // Loads `object` (the parent's description) here. A failure (no such file, another build) is
-  // remembered, and addresses in it fail with an Error naming the reason.
+  // Loads `object` (the parent's description) here; the main program ("") is our own. A failure
+  // (no such file, another build) is remembered, and addresses in it fail with an Error naming
+  // the reason.
   void load(const LoadedObject& parents);
   // The address in this process of the parent's `address`: itself unless it lies in an object
   // loaded through load(). Throws Error for an object that could not be loaded.

@@ -41,6 +41,13 @@ void set_process_name(const std::string& name) noexcept;
 // stdio and `keep`, which ends up as descriptor 3. Returns 3.
 int become_helper_process(const std::string& name, pid_t expected_parent, int keep) noexcept;
 
+// Starts a fresh run of this program's executable (/proc/self/exe: the file may have been
+// replaced or deleted since) with our arguments and working directory, `environment`
+// (NAME=value), and descriptor `keep` left open at its number; every other descriptor of ours is
+// close-on-exec. The child starts with default signal dispositions but SIGINT and SIGQUIT
+// ignored, as a helper. Returns its pid (exec failing: it exits 127). Throws std::system_error.
+pid_t spawn_self(int keep, const std::vector<std::string>& environment);
+
 // Exit codes of our own helpers' failures.
 inline constexpr int kExitOrphaned = 121;         // the parent died before PR_SET_PDEATHSIG
 inline constexpr int kExitInitializerFailed = 122;

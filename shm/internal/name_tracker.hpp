@@ -11,6 +11,8 @@
 #include <string>
 #include <string_view>
 
+#include <forkpool/runtime/internal/unique_fd.hpp>
+
 namespace forkpool::detail {
 
 // Every forkpool segment's name starts with this.
@@ -28,6 +30,13 @@ inline std::string segment_path(const std::string& name) { return "/dev/shm/" + 
 // that its workers use their parent's tracker rather than start their own (whose end, with the
 // worker's, would unlink names the parent still holds). Throws std::system_error.
 void start_name_tracker();
+
+// This process's tracker socket, or -1 when it has not started one. A spawned worker (a fresh
+// program, which inherits nothing) is handed it and adopts it.
+int name_tracker_socket() noexcept;
+// Makes `socket` (the parent's tracker socket) this process's tracker, instead of starting one.
+// Before anything else here runs. Throws std::system_error.
+void adopt_name_tracker(UniqueFd socket);
 
 // This process holds / no longer holds `name`. Starts the tracker on first use; workers
 // inherit their parent's.

@@ -1,0 +1,13 @@
+#include <forkpool/pool/init.hpp>
+
+#include <forkpool/pool/internal/launcher.hpp>
+#include <forkpool/runtime/internal/spawned_worker.hpp>
+
+namespace forkpool {
+
+void init() {
+  detail::serve_if_spawned_worker();
+  detail::start_program_fork_server();
+}
+
+}  // namespace forkpool

@@ -1,0 +1,170 @@
+// StartMethod::spawn: each worker is a fresh run of the program's executable. The parent and the
+// new process talk first over a bootstrap socket, the only descriptor the child inherits (its
+// number is the spawn marker's value):
+//
+//   parent -> child   bootstrap: [worker index][parent pid][maxtasksperchild]
+//                                [the initializer's address, 0 for none][every object the parent
+//                                has loaded (ObjectRecord)...]; the worker's channel end and,
+//                                if the parent has one, its /dev/shm name tracker's socket
+//   child -> parent   ready:     empty; sent once the child has read the bootstrap, so the
+//                                parent knows the program reached forkpool::init() (or run())
+//
+// The child then translates the parent's code addresses through the objects (it has them at
+// other addresses: another run, ASLR) and serves as any worker.
+
+#include <poll.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <forkpool/ipc/internal/channel.hpp>
+#include <forkpool/pool/internal/launcher.hpp>
+#include <forkpool/pool/internal/task_message.hpp>
+#include <forkpool/runtime/error.hpp>
+#include <forkpool/shm/internal/name_tracker.hpp>
+#include <forkpool/runtime/internal/errno.hpp>
+#include <forkpool/runtime/internal/loaded_objects.hpp>
+#include <forkpool/runtime/internal/process.hpp>
+#include <forkpool/runtime/internal/spawned_worker.hpp>
+
+namespace forkpool::detail {
+namespace {
+
+enum BootstrapMessage : std::uint16_t { kBootstrap = 1, kReady = 2 };
+
+using Bootstrap = std::tuple<int, std::int64_t, int, std::uint64_t, std::vector<ObjectRecord>>;
+
+// How long a spawned program may take to reach forkpool::init(): its main may load a lot first.
+constexpr auto kStartLimit = std::chrono::seconds(60);
+
+const char* const kCallInitFirst =
+    "call forkpool::init() first in main(), before anything that may exit or wait: under "
+    "StartMethod::spawn every worker runs the program's main() from its start";
+
+// Runs in the spawned program, from init(), run() or a Pool: never returns.
+[[noreturn]] void serve_spawned(int bootstrap_fd) {
+  int index = -1;
+  try {
+    Channel bootstrap{UniqueFd(bootstrap_fd)};
+    Message message = bootstrap.receive();
+    if (message.kind != kBootstrap || message.fds.empty() || message.fds.size() > 2)
+      throw ProtocolError("forkpool: a spawned worker's first message is not its bootstrap");
+    auto [worker_index, parent, maxtasksperchild, initializer, records] = decode<Bootstrap>(message.payload.bytes());
+    index = worker_index;
+    if (message.fds.size() == 2) adopt_name_tracker(std::move(message.fds[1]));
+    ObjectTranslation objects;
+    for (ObjectRecord& record : records) objects.load(object_of(std::move(record)));
+    WorkerSpec spec{maxtasksperchild, {}};
+    if (initializer != 0) spec.initializer = reinterpret_cast<void (*)()>(objects.translate(initializer));
+    bootstrap.send(kReady, 0, {});
+    UniqueFd channel = std::move(message.fds[0]);
+    message = {};
+    worker_main(spec, index, static_cast<pid_t>(parent), std::move(channel), std::move(objects));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "forkpool: spawned worker %d: %s\n", index, e.what());
+  }
+  exit_helper(kExitBadMessage);
+}
+
+[[maybe_unused]] const bool registered = (set_spawned_worker_entry(&serve_spawned), true);
+
+class SpawnLauncher final : public Launcher {
+ public:
+  explicit SpawnLauncher(WorkerSpec spec) : spec_(std::move(spec)) {
+    if (spec_.initializer && !spec_.initializer.plain())
+      throw std::invalid_argument(
+          "forkpool: under StartMethod::spawn the initializer must be a plain function (a function pointer "
+          "or a lambda without captures): a spawned worker is a fresh run of the program, where "
+          "captured state does not exist");
+  }
+
+  SpawnedWorker spawn(int index, UniqueFd channel) override {
+    serve_if_spawned_worker();  // a spawned worker making a pool before init() serves instead
+    auto [ours, theirs] = Channel::make_pair();
+    std::vector<LoadedObject> objects = loaded_objects();
+    std::vector<ObjectRecord> records;
+    auto bases = std::make_shared<std::set<std::uintptr_t>>();
+    for (const LoadedObject& object : objects) {
+      records.push_back(record_of(object));
+      bases->insert(object.base);
+    }
+    int bootstrap_fd = theirs.fd();
+    pid_t pid = spawn_self(bootstrap_fd, environment_for_child({std::string(kSpawnMarker) + "=" + std::to_string(bootstrap_fd)}));
+    theirs.release();  // the child has it now
+    SpawnedWorker worker{pid, {}, std::move(bases)};
+    try {
+      worker.pidfd = open_pidfd(pid);
+    } catch (...) {
+      kill(pid, SIGKILL);  // a worker we cannot watch must not run
+      waitpid(pid, nullptr, 0);
+      throw;
+    }
+    try {
+      auto initializer = reinterpret_cast<std::uintptr_t>(spec_.initializer.plain());
+      std::vector<int> fds{channel.get()};
+      if (int tracker = name_tracker_socket(); tracker >= 0) fds.push_back(tracker);
+      ours.send(kBootstrap, 0,
+                encode(Bootstrap(index, getpid(), spec_.maxtasksperchild, initializer, std::move(records))).bytes(), fds);
+      wait_until_ready(ours, worker, index);
+    } catch (...) {
+      send_signal(worker.pidfd.get(), SIGKILL);
+      detail::reap(worker.pidfd.get());
+      throw;
+    }
+    return worker;
+  }
+
+  ExitStatus reap(const SpawnedWorker& worker) override { return detail::reap(worker.pidfd.get()); }
+
+ private:
+  // Returns once the worker read its bootstrap; throws Error when it exits (or closes the
+  // socket, or stalls) first.
+  static void wait_until_ready(Channel& bootstrap, const SpawnedWorker& worker, int index) {
+    auto deadline = std::chrono::steady_clock::now() + kStartLimit;
+    std::string prefix = "forkpool: spawned worker " + std::to_string(index) + " (pid " + std::to_string(worker.pid) + ") ";
+    for (;;) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0)
+        throw Error(prefix + "did not reach forkpool::init() within " + std::to_string(kStartLimit.count()) + " s: " + kCallInitFirst);
+      pollfd fds[2] = {{bootstrap.fd(), POLLIN, 0}, {worker.pidfd.get(), POLLIN, 0}};
+      if (poll(fds, 2, static_cast<int>(left.count())) < 0) {
+        if (errno == EINTR) continue;
+        throw_last_errno("forkpool: poll (spawn)");
+      }
+      if (fds[0].revents) {
+        try {
+          Message reply = bootstrap.receive();
+          if (reply.kind == kReady) return;
+          throw ProtocolError(prefix + "answered its bootstrap out of turn");
+        } catch (const ChannelClosed&) {
+          // It exited, or closed the socket: its status says which.
+        }
+      } else if (!fds[1].revents) {
+        continue;
+      }
+      pollfd exited{worker.pidfd.get(), POLLIN, 0};
+      if (poll(&exited, 1, 2000) <= 0) throw Error(prefix + "closed its bootstrap socket before reaching forkpool::init(): " + kCallInitFirst);
+      ExitStatus status = detail::reap(worker.pidfd.get());
+      std::string how = status.signal ? "was killed by signal " + std::to_string(status.signal)
+                                      : "exited with code " + std::to_string(status.exit_code);
+      if (status.exit_code == 127) how += " (it could not be executed)";
+      throw Error(prefix + how + " before it reached forkpool::init() or forkpool::run(): " + kCallInitFirst);
+    }
+  }
+
+  WorkerSpec spec_;
+};
+
+}  // namespace
+
+std::unique_ptr<Launcher> make_spawn_launcher(WorkerSpec spec) { return std::make_unique<SpawnLauncher>(std::move(spec)); }
+
+}  // namespace forkpool::detail
