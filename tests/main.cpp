@@ -13,6 +13,9 @@
 #include "support.hpp"
 
 int main(int argc, char** argv) {
+  // A main that exits before init(), as one that parses its arguments first might: the spawn
+  // tests check that the pool says so instead of waiting.
+  if (std::getenv("FORKPOOL_TEST_EXIT_BEFORE_INIT") && std::getenv("FORKPOOL_SPAWNED_WORKER")) return 3;
   forkpool::test_support::mark_test_run();
   forkpool::init();  // a spawned worker serves from here; the suite starts its fork server
   ::testing::InitGoogleTest(&argc, argv);
