@@ -71,6 +71,19 @@ if pool:
     if py_apply:
         ratio += f"; {py_apply * 1e3 / apply_ns:.1f}x faster than CPython Pool ({py_apply:.0f} us; target >= 10)"
     row("pool: apply_async round trip", f"{apply_ns / 1e3:.1f} us", ratio)
+    methods = ("fork", "forkserver", "spawn")
+    under = {m: pool.get(f"BM_ApplyAsyncRoundTripUnder/{i}/real_time") for i, m in enumerate(methods)}
+    if all(under.values()):
+        row("pool: apply_async round trip, fork / forkserver / spawn",
+            " / ".join(f"{ns(under[m]) / 1e3:.1f}" for m in methods) + " us",
+            f"spawn {ns(under['spawn']) / ns(under['forkserver']):.2f}x forkserver (target ~1)")
+    for i, m in enumerate(methods):
+        start = pool.get(f"BM_WorkerStart/{i}/iterations:20/manual_time")
+        if not start:
+            continue
+        py = python_figure("py_start.txt", rf"Pool start to first result \({m}\): ([\d.]+) ms")
+        ratio = f"{py * 1e6 / ns(start):.1f}x faster than CPython's {m} ({py:.1f} ms)" if py else ""
+        row(f"pool: worker start to first result ({m})", f"{ns(start) / 1e6:.2f} ms", ratio)
     timed = pool.get("BM_ApplyAsyncRoundTrip/10000/real_time")
     if timed:
         row("pool: apply_async round trip with task_timeout", f"{ns(timed) / 1e3:.1f} us",

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "raw_pingpong.hpp"
+#include <forkpool/pool/init.hpp>
 #include <forkpool/pool/pool.hpp>
 
 namespace fp = forkpool;
@@ -54,6 +55,32 @@ void BM_ApplyAsyncRoundTrip(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
 }
 BENCHMARK(BM_ApplyAsyncRoundTrip)->Arg(0)->Arg(10000)->UseRealTime();
+
+constexpr fp::StartMethod kStartMethods[] = {fp::StartMethod::fork, fp::StartMethod::forkserver, fp::StartMethod::spawn};
+
+// From making a pool of one worker to its first result; Arg: 0 fork, 1 forkserver, 2 spawn
+// (forkpool::init() in main started the program's fork server, as CPython's is warm in
+// bench/py_start.py).
+void BM_WorkerStart(benchmark::State& state) {
+  for (auto _ : state) {
+    auto started = std::chrono::steady_clock::now();
+    fp::Pool pool({.processes = 1, .start_method = kStartMethods[state.range(0)]});
+    benchmark::DoNotOptimize(pool.apply_async(ident, 1).get());
+    state.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+  }
+}
+BENCHMARK(BM_WorkerStart)->DenseRange(0, 2)->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(20);
+
+// The round trip per start method: a function is named once per worker, then costs nothing.
+void BM_ApplyAsyncRoundTripUnder(benchmark::State& state) {
+  fp::Pool pool({.processes = 2, .start_method = kStartMethods[state.range(0)]});
+  auto body = [&]() -> fp::Task<void> {
+    for (int i = 0; i < 200; ++i) co_await pool.apply_async(ident, i);
+    for (auto _ : state) benchmark::DoNotOptimize(co_await pool.apply_async(ident, 1));
+  };
+  fp::run(body());
+}
+BENCHMARK(BM_ApplyAsyncRoundTripUnder)->DenseRange(0, 2)->UseRealTime();
 
 // Set by nap() in the worker: memory shared with every worker, mapped before any pool forks.
 std::atomic<int>* naps_started() {
@@ -152,4 +179,11 @@ BENCHMARK(BM_Imap10MFlatMemory)->Iterations(1)->UseRealTime()->Unit(benchmark::k
 
 }  // namespace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  fp::init();  // spawned workers serve from here; later pools fork from the program's fork server
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -94,7 +94,15 @@ class Writer {
     if (size == 0) return;
     std::size_t at = bytes_.size();
     bytes_.resize(at + size);  // (not insert(): g++ 12 warns falsely about it at -O2)
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wstringop-overflow"  // g++ 12, -O2: false bounds for strings (GCC bug 105329)
+#pragma GCC diagnostic ignored "-Wrestrict"
+#endif
     std::memcpy(bytes_.data() + at, data, size);
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
   }
   template <class T>
   void write(const T& value) {
