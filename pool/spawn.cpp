@@ -10,6 +10,7 @@
 #include <string>
 
 #include <forkpool/runtime/error.hpp>
+#include <forkpool/runtime/internal/blocking_wait.hpp>
 #include <forkpool/runtime/internal/describe_exception.hpp>
 #include <forkpool/runtime/internal/process.hpp>
 #include <forkpool/runtime/internal/errno.hpp>
@@ -62,7 +63,46 @@ ProcessContext ProcessContext::start(int nprocs, const std::function<void(int ra
   return context;
 }
 
+ProcessContext ProcessContext::start_in_pool(int nprocs, StartMethod method,
+                                             const std::function<AsyncResult<void>(Pool&, int rank)>& submit) {
+  if (nprocs <= 0) throw std::invalid_argument("forkpool: start_processes needs nprocs >= 1");
+  ProcessContext context;
+  context.pool_ = std::make_unique<Pool>(PoolOptions{.processes = nprocs, .start_method = method});
+  context.pool_pids_ = context.pool_->worker_pids();
+  // Each worker is idle: rank r goes to worker r, the least busy one in turn.
+  for (int rank = 0; rank < nprocs; ++rank) context.ranks_.push_back(submit(*context.pool_, rank));
+  return context;
+}
+
+// Under a pool: the ranks' results, the first failure turned into what a forked rank's would
+// have said (the other ranks are stopped first).
+bool ProcessContext::join_pool(std::optional<std::chrono::nanoseconds> timeout) {
+  auto failed_or_all_done = [&] {
+    bool all = true;
+    for (auto& rank : ranks_) {
+      if (rank.ready() && !rank.successful()) return true;
+      all = all && rank.ready();
+    }
+    return all;
+  };
+  if (!detail::drive_loop_until(failed_or_all_done, timeout, "forkpool::ProcessContext::join")) return false;
+  for (std::size_t rank = 0; rank < ranks_.size(); ++rank) {
+    if (!ranks_[rank].ready() || ranks_[rank].successful()) continue;
+    pool_->terminate();
+    pool_.reset();  // every rank killed and reaped
+    try {
+      ranks_[rank].get();
+    } catch (const RemoteError& e) {
+      throw ProcessRaisedException(static_cast<int>(rank), e.worker_pid(), e.type_name(), e.message());
+    } catch (const WorkerLost& e) {
+      throw ProcessExitedException(static_cast<int>(rank), e.pid(), e.exit_code(), e.signal());
+    }
+  }
+  return true;
+}
+
 bool ProcessContext::join(std::optional<std::chrono::nanoseconds> timeout) {
+  if (!ranks_.empty()) return pool_ ? join_pool(timeout) : true;  // no pool: stopped after a failure
   std::vector<pollfd> fds;
   std::vector<Child*> running;
   for (Child& child : children_)
@@ -96,6 +136,7 @@ bool ProcessContext::join(std::optional<std::chrono::nanoseconds> timeout) {
 }
 
 std::vector<pid_t> ProcessContext::pids() const {
+  if (!ranks_.empty()) return pool_pids_;
   std::vector<pid_t> pids;
   for (const Child& child : children_) pids.push_back(child.pid);
   return pids;
@@ -110,6 +151,9 @@ void ProcessContext::kill_all() noexcept {
     }
 }
 
-ProcessContext::~ProcessContext() { kill_all(); }
+ProcessContext::~ProcessContext() {
+  kill_all();
+  if (pool_) pool_->terminate();
+}
 
 }  // namespace forkpool

@@ -19,11 +19,10 @@ namespace {
 
 using namespace std::chrono_literals;
 
-std::atomic<int>* shared_slots() {
-  static auto* slots = static_cast<std::atomic<int>*>(
-      mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
-  return slots;
-}
+struct Slots {
+  std::atomic<int> by_rank[16];
+};
+std::atomic<int>* shared_slots() { return test_support::shared_across_forks<Slots>().by_rank; }
 
 void record(int rank, int base) { shared_slots()[rank].store(base + rank); }
 
@@ -32,15 +31,20 @@ void fail_on_rank_one(int rank) {
   std::this_thread::sleep_for(10s);
 }
 
-TEST(Spawn, RunsEveryRankWithItsArguments) {
+class Spawn : public ::testing::TestWithParam<StartMethod> {
+ protected:
+  SpawnOptions options(bool join = true) { return {.join = join, .start_method = GetParam()}; }
+};
+
+TEST_P(Spawn, RunsEveryRankWithItsArguments) {
   for (int i = 0; i < 4; ++i) shared_slots()[i] = -1;
-  spawn(record, 4, 100);
+  spawn(record, 4, options(), 100);
   for (int i = 0; i < 4; ++i) EXPECT_EQ(shared_slots()[i].load(), 100 + i);
 }
 
-TEST(Spawn, AFailingRankRaisesProcessRaisedExceptionAndStopsTheOthers) {
+TEST_P(Spawn, AFailingRankRaisesProcessRaisedExceptionAndStopsTheOthers) {
   auto started = std::chrono::steady_clock::now();
-  ProcessContext context = start_processes(fail_on_rank_one, 3, {.join = false});
+  ProcessContext context = start_processes(fail_on_rank_one, 3, options(false));
   std::vector<pid_t> pids = context.pids();
   try {
     while (!context.join()) {
@@ -56,12 +60,12 @@ TEST(Spawn, AFailingRankRaisesProcessRaisedExceptionAndStopsTheOthers) {
   for (pid_t pid : pids) EXPECT_FALSE(test_support::process_alive(pid));
 }
 
-TEST(Spawn, AKilledRankRaisesProcessExitedExceptionWithTheSignalName) {
+TEST_P(Spawn, AKilledRankRaisesProcessExitedExceptionWithTheSignalName) {
   try {
     spawn([](int rank) {
       if (rank == 0) raise(SIGKILL);
       std::this_thread::sleep_for(10s);
-    }, 2);
+    }, 2, options());
     FAIL() << "no exception";
   } catch (const ProcessExitedException& e) {
     EXPECT_EQ(e.rank(), 0);
@@ -70,9 +74,9 @@ TEST(Spawn, AKilledRankRaisesProcessExitedExceptionWithTheSignalName) {
   }
 }
 
-TEST(Spawn, AnExitCodeIsReported) {
+TEST_P(Spawn, AnExitCodeIsReported) {
   try {
-    spawn([](int) { std::exit(3); }, 1);
+    spawn([](int) { std::_Exit(3); }, 1, options());
     FAIL() << "no exception";
   } catch (const ProcessExitedException& e) {
     EXPECT_EQ(e.exit_code(), 3);
@@ -80,14 +84,23 @@ TEST(Spawn, AnExitCodeIsReported) {
   }
 }
 
-TEST(Spawn, JoinWithATimeoutSaysWhetherAllEnded) {
-  ProcessContext context = start_processes([](int) { std::this_thread::sleep_for(200ms); }, 2, {.join = false});
+TEST_P(Spawn, JoinWithATimeoutSaysWhetherAllEnded) {
+  ProcessContext context = start_processes([](int) { std::this_thread::sleep_for(200ms); }, 2, options(false));
   EXPECT_FALSE(context.join(10ms));
   auto deadline = std::chrono::steady_clock::now() + 5s;
   bool done = false;
   while (!done && std::chrono::steady_clock::now() < deadline) done = context.join(100ms);
   EXPECT_TRUE(done);
 }
+
+TEST(SpawnOptionsTest, AFunctionHoldingStateIsForkOnly) {
+  int calls = 0;
+  auto counting = [&calls](int) { ++calls; };
+  EXPECT_THROW(start_processes(counting, 1, {.start_method = StartMethod::spawn}), std::invalid_argument);
+  spawn(counting, 1);  // forked: a copy of the caller, captures and all
+}
+
+INSTANTIATE_TEST_SUITE_P(StartMethods, Spawn, test_support::all_start_methods(), test_support::start_method_name);
 
 }  // namespace
 }  // namespace forkpool
