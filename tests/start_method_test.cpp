@@ -173,6 +173,19 @@ TEST_P(StartMethodTest, AParentWithEightThreadsOneHoldingALockTheTaskTakesIsServ
   EXPECT_EQ(got, (std::vector<int>{2, 3, 4, 5}));
 }
 
+// The program's fork server is one socket: pools made on several threads at once share it.
+TEST_P(StartMethodTest, PoolsMadeOnEightThreadsAtOnceEachServe) {
+  std::atomic<int> served{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 8; ++i)
+    threads.emplace_back([&, i] {
+      Pool pool(options());
+      if (pool.apply_async(square, i).get() == i * i) served.fetch_add(1);
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(served.load(), 8);
+}
+
 INSTANTIATE_TEST_SUITE_P(StartMethods, StartMethodTest, test_support::all_start_methods(),
                          test_support::start_method_name);
 
