@@ -63,6 +63,7 @@ fp::Task<int> train(std::int64_t batches) {
 }
 
 int main(int argc, char** argv) {
+  fp::init();  // first: starts the fork server while the program has no threads
   std::int64_t batches = argc > 1 ? std::atoll(argv[1]) : 3000;
   return fp::run(train(batches));
 }

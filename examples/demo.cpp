@@ -75,6 +75,7 @@ fp::Task<int> amain(std::int64_t limit) {
 }
 
 int main(int argc, char** argv) {
+  fp::init();  // first: starts the fork server while the program has no threads
   std::int64_t limit = argc > 1 ? std::atoll(argv[1]) : 6'000'000;
   return fp::run(amain(limit));
 }
