@@ -19,6 +19,7 @@
 #include <forkpool/ipc/internal/mapping.hpp>
 #include <forkpool/ipc/internal/memfd.hpp>
 #include <forkpool/pool/internal/launcher.hpp>
+#include <forkpool/pool/worker_info.hpp>
 #include <forkpool/pool/internal/peer_memory.hpp>
 #include <forkpool/pool/internal/task_message.hpp>
 #include <forkpool/runtime/internal/process.hpp>
@@ -93,6 +94,7 @@ class PoolCoreImpl final : public PoolCore, public std::enable_shared_from_this<
  private:
   struct Worker;
   void start_worker();
+  int free_worker_id();
   void replenish();
   void dispatch();
   std::shared_ptr<Worker> pick_worker();
@@ -116,7 +118,8 @@ class PoolCoreImpl final : public PoolCore, public std::enable_shared_from_this<
   std::vector<std::shared_ptr<Worker>> workers_;
   std::deque<std::shared_ptr<Job>> queue_;
   std::uint64_t next_request_id_ = 0;
-  int next_worker_index_ = 0;
+  std::vector<std::uint64_t> generations_;  // by worker id: how many workers have held it
+  std::uint64_t seed_base_ = 0;
   bool closed_ = false;
   bool terminated_ = false;
   int open_streams_ = 0;          // streams that may still submit, also after close()
@@ -195,8 +198,19 @@ void PoolCoreImpl::start_workers() {
     // Only file_system tensors need it; making one reports why it cannot be started.
   }
   launcher_ = make_launcher(options_);
+  seed_base_ = pool_seed_base(options_.seed);
   for (int i = 0; i < processes_; ++i) start_worker();
   if (options_.task_timeout > std::chrono::nanoseconds::zero()) background_.start(enforce_task_timeout());
+}
+
+// The lowest id no live worker holds: a replacement takes the id of the worker it replaces.
+int PoolCoreImpl::free_worker_id() {
+  for (int id = 0;; ++id) {
+    bool held = std::any_of(workers_.begin(), workers_.end(), [&](const auto& w) { return w->index == id; });
+    if (held) continue;
+    if (static_cast<std::size_t>(id) >= generations_.size()) generations_.resize(id + 1, 0);
+    return id;
+  }
 }
 
 void PoolCoreImpl::start_worker() {
@@ -206,14 +220,16 @@ void PoolCoreImpl::start_worker() {
   seal_size(slot.get());
   auto worker = std::make_shared<Worker>();
   worker->running_slot = Mapping::map(slot.get(), kRunningSlotBytes, PROT_READ | PROT_WRITE);
-  worker->index = next_worker_index_++;
+  worker->index = free_worker_id();
+  std::uint64_t seed = worker_seed(seed_base_, worker->index, generations_[worker->index]++);
   worker->process = launcher_->spawn(worker->index, theirs.release());
   worker->channel.emplace(ours.release());
   workers_.push_back(worker);
   background_.start(watch(worker));  // from here on its death is noticed, whatever fails below
   int slot_fd = slot.get();
   try {
-    worker->channel->send(kHelloMessage, 0, {}, std::span(&slot_fd, 1));  // an empty socket: no wait
+    Writer hello = encode(std::tuple<int, int, std::uint64_t>(worker->index, processes_, seed));
+    worker->channel->send(kHelloMessage, 0, hello.bytes(), std::span(&slot_fd, 1));  // an empty socket: no wait
     // A block let go here, on any thread, goes home to the worker at once. The line owns its
     // own descriptor, so it stays valid however the release races with the worker's end.
     worker->release_line = std::make_shared<Channel>(duplicate_fd(worker->channel->fd()));

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <type_traits>
 
@@ -61,6 +62,7 @@ struct PoolOptions {
   // 0: none. A task (a chunk, for maps) still running this long after its worker started it is
   // stopped (the worker is killed and replaced) and fails with TimeoutError; it is not retried.
   std::chrono::nanoseconds task_timeout = {};
+  std::uint64_t seed = 0;            // base of every worker's seed (worker_info()); 0: random
 };
 
 }  // namespace forkpool

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <string>
 
+#include <forkpool/pool/worker_info.hpp>
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/internal/blocking_wait.hpp>
 #include <forkpool/runtime/internal/describe_exception.hpp>
@@ -40,6 +41,7 @@ ProcessContext ProcessContext::start(int nprocs, const std::function<void(int ra
   if (nprocs <= 0) throw std::invalid_argument("forkpool: start_processes needs nprocs >= 1");
   ProcessContext context;
   pid_t parent = getpid();
+  std::uint64_t seed_base = detail::pool_seed_base(0);
   for (int rank = 0; rank < nprocs; ++rank) {
     int fds[2];
     if (pipe2(fds, O_CLOEXEC | O_NONBLOCK) < 0) detail::throw_last_errno("forkpool: pipe");
@@ -50,6 +52,7 @@ ProcessContext ProcessContext::start(int nprocs, const std::function<void(int ra
       read_end.reset();
       detail::die_with_parent(parent);
       detail::set_process_name("forkpool-rank-" + std::to_string(rank));
+      detail::set_worker_info({rank, nprocs, getpid(), detail::worker_seed(seed_base, rank, 0)});
       try {
         body(rank);
       } catch (...) {

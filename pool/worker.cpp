@@ -1,15 +1,18 @@
 #include <forkpool/pool/internal/worker.hpp>
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <exception>
 #include <string>
+#include <tuple>
 
 #include <forkpool/ipc/internal/channel.hpp>
 #include <forkpool/ipc/internal/mapping.hpp>
 #include <forkpool/ipc/internal/memfd.hpp>
 #include <forkpool/pool/internal/peer_memory.hpp>
+#include <forkpool/pool/worker_info.hpp>
 #include <forkpool/shm/internal/storage.hpp>
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/internal/process.hpp>
@@ -62,11 +65,14 @@ void serve_task(Channel& channel, Message& task, PeerMemory& memory, RunningSlot
   channel.send(kResultMessage, task.request_id, out.bytes(), out.fds());
 }
 
-// The parent's first message: the slot this worker reports its running task in.
-Mapping receive_running_slot(Channel& channel) {
+// The parent's first message: who this worker is (worker_info()), and the slot it reports its
+// running task in.
+Mapping receive_hello(Channel& channel) {
   Message hello = channel.receive();
   if (hello.kind != kHelloMessage || hello.fds.size() != 1)
     throw ProtocolError("forkpool: the parent's first message is not a hello with one descriptor");
+  auto [id, workers, seed] = decode<std::tuple<int, int, std::uint64_t>>(hello.payload.bytes());
+  set_worker_info({id, workers, getpid(), seed});
   check_sealed_memfd(hello.fds[0].get(), kRunningSlotBytes, "forkpool: running slot");
   return Mapping::map(hello.fds[0].get(), kRunningSlotBytes, PROT_READ | PROT_WRITE);
 }
@@ -80,7 +86,7 @@ void worker_main(const WorkerSpec& spec, int index, pid_t parent, UniqueFd chann
   int served = 0;
   auto memory = std::make_shared<PeerMemory>();  // shared memory between the parent and us
   try {
-    Mapping slot = receive_running_slot(channel);
+    Mapping slot = receive_hello(channel);
     auto& running = *reinterpret_cast<RunningSlot*>(slot.data());
     if (spec.initializer) {
       try {

@@ -19,11 +19,14 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <map>
+#include <tuple>
 #include <vector>
 
 #include <forkpool/runtime/internal/io.hpp>
 #include <forkpool/ipc/internal/channel.hpp>
 #include <forkpool/pool/pool.hpp>
+#include <forkpool/pool/worker_info.hpp>
 #include <forkpool/runtime/loop.hpp>
 #include <forkpool/runtime/when_all.hpp>
 #include "support.hpp"
@@ -634,6 +637,61 @@ TEST_P(PoolTest, APoolWhoseConstructorThrowsLeavesNothingBehind) {
   });
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+// Who ran the task: (id, num_workers, pid, seed), after a nap so that every worker gets some.
+std::tuple<int, int, int, std::uint64_t> who_am_i(int ms) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  std::optional<WorkerInfo> info = worker_info();
+  if (!info) return {-1, -1, -1, 0};
+  return {info->id, info->num_workers, info->pid, info->seed};
+}
+
+// Every worker's (id -> seed) in a pool of three with `seed`, checking what each says of itself.
+std::map<int, std::uint64_t> seeds_of_a_pool(PoolOptions o) {
+  Pool pool(o);
+  std::vector<pid_t> pids = pool.worker_pids();
+  std::map<int, std::uint64_t> seeds;
+  for (auto [id, workers, pid, seed] : run(pool.map(who_am_i, std::vector<int>(30, 20), 1))) {
+    EXPECT_EQ(workers, 3);
+    EXPECT_NE(std::find(pids.begin(), pids.end(), pid), pids.end());
+    seeds[id] = seed;
+  }
+  return seeds;
+}
+
+TEST_P(PoolTest, WorkerInfoGivesIdsFromZeroAndDistinctSeedsThatTheSameSeedRepeats) {
+  EXPECT_FALSE(worker_info().has_value());  // the parent is no worker
+  PoolOptions o = options(3);
+  o.seed = 42;
+  std::map<int, std::uint64_t> first = seeds_of_a_pool(o), second = seeds_of_a_pool(o);
+  ASSERT_EQ(first.size(), 3u);
+  EXPECT_EQ(first.begin()->first, 0);
+  EXPECT_EQ(first.rbegin()->first, 2);
+  std::set<std::uint64_t> distinct;
+  for (auto& [id, seed] : first) distinct.insert(seed);
+  EXPECT_EQ(distinct.size(), 3u);
+  EXPECT_EQ(first, second);  // the same PoolOptions::seed: the same seeds, run after run
+  o.seed = 43;
+  EXPECT_NE(seeds_of_a_pool(o), first);
+}
+
+TEST_P(PoolTest, AReplacementKeepsItsPredecessorsIdAndGetsANewSeed) {
+  Pool pool(options(1));
+  auto [id, workers, pid, seed] = pool.apply_async(who_am_i, 0).get();
+  EXPECT_EQ(id, 0);
+  kill(pid, SIGKILL);
+  std::tuple<int, int, int, std::uint64_t> after;
+  ASSERT_TRUE(test_support::eventually([&] {
+    try {
+      after = pool.apply_async(who_am_i, 0).get();
+      return std::get<2>(after) != pid;
+    } catch (const WorkerLost&) {
+      return false;
+    }
+  }));
+  EXPECT_EQ(std::get<0>(after), 0);
+  EXPECT_NE(std::get<3>(after), seed);
 }
 
 TEST_P(PoolTest, AWorkerThatBreaksTheProtocolIsReplacedAndItsTaskFailsWithProtocolError) {

@@ -12,6 +12,7 @@
 
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/pool/spawn.hpp>
+#include <forkpool/pool/worker_info.hpp>
 #include "support.hpp"
 
 namespace forkpool {
@@ -25,6 +26,12 @@ struct Slots {
 std::atomic<int>* shared_slots() { return test_support::shared_across_forks<Slots>().by_rank; }
 
 void record(int rank, int base) { shared_slots()[rank].store(base + rank); }
+
+// What the rank's worker_info() says: id * 10 + num_workers.
+void record_info(int rank) {
+  std::optional<WorkerInfo> info = worker_info();
+  shared_slots()[8 + rank].store(info ? info->id * 10 + info->num_workers : -1);
+}
 
 void fail_on_rank_one(int rank) {
   if (rank == 1) throw std::runtime_error("bad rank");
@@ -40,6 +47,12 @@ TEST_P(Spawn, RunsEveryRankWithItsArguments) {
   for (int i = 0; i < 4; ++i) shared_slots()[i] = -1;
   spawn(record, 4, options(), 100);
   for (int i = 0; i < 4; ++i) EXPECT_EQ(shared_slots()[i].load(), 100 + i);
+}
+
+TEST_P(Spawn, EachRanksWorkerInfoIsItsRankAndTheNumberOfRanks) {
+  for (int i = 0; i < 3; ++i) shared_slots()[8 + i] = -2;
+  spawn(record_info, 3, options());
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(shared_slots()[8 + i].load(), i * 10 + 3);
 }
 
 TEST_P(Spawn, AFailingRankRaisesProcessRaisedExceptionAndStopsTheOthers) {

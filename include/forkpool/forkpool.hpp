@@ -7,6 +7,7 @@
 #include <forkpool/pool/pool.hpp>
 #include <forkpool/pool/spawn.hpp>
 #include <forkpool/pool/stream.hpp>
+#include <forkpool/pool/worker_info.hpp>
 #include <forkpool/runtime/async_result.hpp>
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/loop.hpp>
