@@ -63,6 +63,14 @@ Message Channel::receive() {
   return receiver().finish(rc < 0 ? -errno : rc);
 }
 
+std::optional<Message> Channel::try_receive() {
+  long rc;
+  do rc = ::recvmsg(fd_.get(), receiver().prepare(), kReceiveFlags | MSG_DONTWAIT);
+  while (rc < 0 && errno == EINTR);
+  if (rc < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return std::nullopt;
+  return receiver().finish(rc < 0 ? -errno : rc);
+}
+
 Task<void> Channel::async_send(std::uint16_t kind, std::uint64_t request_id, std::span<const std::byte> payload,
                                std::span<const int> fds, IoOptions options) {
   OutgoingFrame frame(kind, request_id, payload, fds);

@@ -169,13 +169,14 @@ class ZygoteChildren {
 // The program's fork server (forkpool::init()): forked before the program has threads, it
 // forks a fork server for each pool made later, so that no worker inherits a lock some thread
 // of the program held. Its one request:
-//   start (the pool -> it): [maxtasksperchild][initializer address][the initializer's object]
+//   start (the pool -> it): [maxtasksperchild][initializer address][process name]
+//                           [the initializer's object]
 //                           and descriptors: the new fork server's control end, and the pool's
 //                           /dev/shm name tracker socket if it has one
 //           reply:          [int64 pid or -errno] and that fork server's pidfd
 enum ProgramServerRequest : std::uint16_t { kStartForkServer = 1 };
 
-using StartForkServer = std::tuple<int, std::uint64_t, ObjectRecord>;
+using StartForkServer = std::tuple<int, std::uint64_t, std::string, ObjectRecord>;
 
 [[noreturn]] void program_server_main(pid_t parent, UniqueFd control_fd, std::shared_ptr<const std::set<std::uintptr_t>> own) noexcept {
   int fd = become_helper_process("forkpool-server", parent, control_fd.release());
@@ -186,7 +187,7 @@ using StartForkServer = std::tuple<int, std::uint64_t, ObjectRecord>;
       children.wait_for_request(control.fd());
       Message request = control.receive();
       if (request.kind != kStartForkServer || request.fds.empty() || request.fds.size() > 2) exit_helper(kExitBadMessage);
-      auto [maxtasksperchild, initializer, record] = decode<StartForkServer>(request.payload.bytes());
+      auto [maxtasksperchild, initializer, process_name, record] = decode<StartForkServer>(request.payload.bytes());
       pid_t server = getpid();
       pid_t pid = fork_helper();
       if (pid == 0) {
@@ -195,7 +196,7 @@ using StartForkServer = std::tuple<int, std::uint64_t, ObjectRecord>;
         ObjectTranslation objects;  // an initializer in an object loaded after init()
         LoadedObject object = object_of(std::move(record));
         if (initializer != 0 && !own->contains(object.base)) objects.load(object);
-        WorkerSpec spec{maxtasksperchild, {}};
+        WorkerSpec spec{maxtasksperchild, {}, std::move(process_name)};
         try {
           if (initializer != 0) spec.initializer = reinterpret_cast<void (*)()>(objects.translate(initializer));
           if (request.fds.size() == 2) adopt_name_tracker(std::move(request.fds[1]));
@@ -264,7 +265,7 @@ class ProgramForkServer {
       if (auto object = object_at(initializer)) record = record_of(*object);
     std::vector<int> fds{control};
     if (int tracker = name_tracker_socket(); tracker >= 0) fds.push_back(tracker);
-    channel_.send(kStartForkServer, ++next_id_, encode(StartForkServer(spec.maxtasksperchild, initializer, record)).bytes(), fds);
+    channel_.send(kStartForkServer, ++next_id_, encode(StartForkServer(spec.maxtasksperchild, initializer, spec.process_name, record)).bytes(), fds);
     Message reply = channel_.receive();
     if (reply.kind != kStartForkServer || reply.request_id != next_id_) throw ProtocolError("forkpool: the program's fork server replied out of turn");
     auto pid = decode<std::int64_t>(reply.payload.bytes());

@@ -183,6 +183,8 @@ class Pool {
   // they cannot be started (descriptors or processes exhausted), leaving nothing behind, and
   // std::invalid_argument for negative options.
   explicit Pool(PoolOptions options = {});
+  // For Process: a pool whose one worker is the process (WorkerSpec::process_name).
+  Pool(PoolOptions options, std::string process_name);
   // terminate(), as leaving Python's `with Pool()` block; outside a coroutine it also waits
   // until every worker is reaped (inside one, run() waits for that before it returns). In a
   // forked child of the process that made the pool, it touches nothing of the parent's.

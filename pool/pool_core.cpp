@@ -24,7 +24,7 @@
 #include <forkpool/pool/internal/task_message.hpp>
 #include <forkpool/runtime/internal/process.hpp>
 #include <forkpool/runtime/error.hpp>
-#include <forkpool/runtime/internal/event.hpp>
+#include <forkpool/runtime/internal/one_shot.hpp>
 #include <forkpool/runtime/internal/io.hpp>
 #include <forkpool/runtime/internal/spawned_worker.hpp>
 #include <forkpool/runtime/internal/loaded_objects.hpp>
@@ -46,8 +46,8 @@ int default_processes() {
   return cpus > 0 ? static_cast<int>(cpus) : 1;
 }
 
-std::unique_ptr<Launcher> make_launcher(const PoolOptions& options) {
-  WorkerSpec spec{options.maxtasksperchild, options.initializer};
+std::unique_ptr<Launcher> make_launcher(const PoolOptions& options, const std::string& process_name) {
+  WorkerSpec spec{options.maxtasksperchild, options.initializer, process_name};
   switch (options.start_method) {
     case StartMethod::fork: return make_fork_launcher(std::move(spec));
     case StartMethod::forkserver: return make_fork_server_launcher(std::move(spec));
@@ -76,7 +76,7 @@ void send_release(PeerMemory& memory, Channel& line) {
 
 class PoolCoreImpl final : public PoolCore, public std::enable_shared_from_this<PoolCoreImpl> {
  public:
-  explicit PoolCoreImpl(PoolOptions options);
+  PoolCoreImpl(PoolOptions options, std::string process_name);
   void start_workers();
 
   void submit(std::shared_ptr<Job> job) override;
@@ -113,6 +113,7 @@ class PoolCoreImpl final : public PoolCore, public std::enable_shared_from_this<
   Task<void> send(std::shared_ptr<Worker> worker, std::shared_ptr<Job> job, std::uint64_t id);
 
   PoolOptions options_;
+  std::string process_name_;  // non-empty: the workers are Processes
   int processes_;
   std::unique_ptr<Launcher> launcher_;
   std::vector<std::shared_ptr<Worker>> workers_;
@@ -125,7 +126,7 @@ class PoolCoreImpl final : public PoolCore, public std::enable_shared_from_this<
   int open_streams_ = 0;          // streams that may still submit, also after close()
   int initializer_failures_ = 0;  // consecutive workers whose initializer threw
   std::exception_ptr broken_;     // why no worker can be started any more (the initializer)
-  Event all_exited_;
+  OneShot all_exited_;
   std::stop_source stop_timers_;  // ends enforce_task_timeout() on terminate()
   std::unordered_map<std::uint64_t, std::optional<LoadedObject>> object_by_address_;  // of task functions
   Scope background_;  // each worker's serve(), watch() and send_outbox()
@@ -153,7 +154,7 @@ struct PoolCoreImpl::Worker {
   std::exception_ptr stop_reason;   // why, when the job is still wanted (TimeoutError)
   std::set<std::uintptr_t> objects_sent;  // objects it was told to load (objects_to_introduce)
   ExitStatus status;
-  Event exited;
+  OneShot exited;
 
   RunningSlot& slot() const noexcept { return *reinterpret_cast<RunningSlot*>(running_slot.data()); }
 };
@@ -170,8 +171,8 @@ void PoolCore::check_owner(const char* who) const {
                            " called from another thread: a Pool belongs to the thread that made it");
 }
 
-std::shared_ptr<PoolCore> PoolCore::create(PoolOptions options) {
-  auto core = std::make_shared<PoolCoreImpl>(std::move(options));
+std::shared_ptr<PoolCore> PoolCore::create(PoolOptions options, std::string process_name) {
+  auto core = std::make_shared<PoolCoreImpl>(std::move(options), std::move(process_name));
   try {
     core->start_workers();
   } catch (...) {
@@ -181,8 +182,8 @@ std::shared_ptr<PoolCore> PoolCore::create(PoolOptions options) {
   return core;
 }
 
-PoolCoreImpl::PoolCoreImpl(PoolOptions options)
-    : options_(std::move(options)), processes_(options_.processes > 0 ? options_.processes : default_processes()) {
+PoolCoreImpl::PoolCoreImpl(PoolOptions options, std::string process_name)
+    : options_(std::move(options)), process_name_(std::move(process_name)), processes_(options_.processes > 0 ? options_.processes : default_processes()) {
   if (options_.processes < 0) throw std::invalid_argument("forkpool: PoolOptions::processes must be >= 0");
   if (options_.maxtasksperchild < 0) throw std::invalid_argument("forkpool: PoolOptions::maxtasksperchild must be >= 0");
   if (options_.max_retries < 0) throw std::invalid_argument("forkpool: PoolOptions::max_retries must be >= 0");
@@ -197,7 +198,7 @@ void PoolCoreImpl::start_workers() {
   } catch (const std::system_error&) {
     // Only file_system tensors need it; making one reports why it cannot be started.
   }
-  launcher_ = make_launcher(options_);
+  launcher_ = make_launcher(options_, process_name_);
   seed_base_ = pool_seed_base(options_.seed);
   for (int i = 0; i < processes_; ++i) start_worker();
   if (options_.task_timeout > std::chrono::nanoseconds::zero()) background_.start(enforce_task_timeout());
@@ -493,6 +494,10 @@ void PoolCoreImpl::on_worker_gone(const std::shared_ptr<Worker>& worker) {
   for (auto& [id, job] : worker->in_flight) {
     if (terminated_) {
       failed.emplace_back(job, std::make_exception_ptr(PoolTerminated()));
+    } else if (!process_name_.empty()) {
+      // A Process is its one worker: its end is the task's, whether it took the task up or not.
+      failed.emplace_back(job, std::make_exception_ptr(WorkerLost(worker->process.pid, worker->status.exit_code,
+                                                                  worker->status.signal)));
     } else if (id == worker->stopped_job && worker->stop_reason) {
       failed.emplace_back(job, worker->stop_reason);  // ran past task_timeout: not retried
     } else if (id > last_taken || job->sink->abandoned() || worker->stopped_job) {

@@ -3,7 +3,8 @@
 // number is the spawn marker's value):
 //
 //   parent -> child   bootstrap: [worker index][parent pid][maxtasksperchild]
-//                                [the initializer's address, 0 for none][every object the parent
+//                                [the initializer's address, 0 for none][process name]
+//                                [every object the parent
 //                                has loaded (ObjectRecord)...]; the worker's channel end and,
 //                                if the parent has one, its /dev/shm name tracker's socket
 //   child -> parent   ready:     empty; sent once the child has read the bootstrap, so the
@@ -40,7 +41,7 @@ namespace {
 
 enum BootstrapMessage : std::uint16_t { kBootstrap = 1, kReady = 2 };
 
-using Bootstrap = std::tuple<int, std::int64_t, int, std::uint64_t, std::vector<ObjectRecord>>;
+using Bootstrap = std::tuple<int, std::int64_t, int, std::uint64_t, std::string, std::vector<ObjectRecord>>;
 
 // How long a spawned program may take to reach forkpool::init(): its main may load a lot first.
 constexpr auto kStartLimit = std::chrono::seconds(60);
@@ -57,12 +58,13 @@ const char* const kCallInitFirst =
     Message message = bootstrap.receive();
     if (message.kind != kBootstrap || message.fds.empty() || message.fds.size() > 2)
       throw ProtocolError("forkpool: a spawned worker's first message is not its bootstrap");
-    auto [worker_index, parent, maxtasksperchild, initializer, records] = decode<Bootstrap>(message.payload.bytes());
+    auto [worker_index, parent, maxtasksperchild, initializer, process_name, records] =
+        decode<Bootstrap>(message.payload.bytes());
     index = worker_index;
     if (message.fds.size() == 2) adopt_name_tracker(std::move(message.fds[1]));
     ObjectTranslation objects;
     for (ObjectRecord& record : records) objects.load(object_of(std::move(record)));
-    WorkerSpec spec{maxtasksperchild, {}};
+    WorkerSpec spec{maxtasksperchild, {}, std::move(process_name)};
     if (initializer != 0) spec.initializer = reinterpret_cast<void (*)()>(objects.translate(initializer));
     bootstrap.send(kReady, 0, {});
     UniqueFd channel = std::move(message.fds[0]);
@@ -112,7 +114,9 @@ class SpawnLauncher final : public Launcher {
       std::vector<int> fds{channel.get()};
       if (int tracker = name_tracker_socket(); tracker >= 0) fds.push_back(tracker);
       ours.send(kBootstrap, 0,
-                encode(Bootstrap(index, getpid(), spec_.maxtasksperchild, initializer, std::move(records))).bytes(), fds);
+                encode(Bootstrap(index, getpid(), spec_.maxtasksperchild, initializer, spec_.process_name, std::move(records)))
+                    .bytes(),
+                fds);
       wait_until_ready(ours, worker, index);
     } catch (...) {
       send_signal(worker.pidfd.get(), SIGKILL);

@@ -15,6 +15,7 @@
 #include <forkpool/pool/worker_info.hpp>
 #include <forkpool/shm/internal/storage.hpp>
 #include <forkpool/runtime/error.hpp>
+#include <forkpool/runtime/internal/describe_exception.hpp>
 #include <forkpool/runtime/internal/process.hpp>
 #include <forkpool/pool/internal/task_message.hpp>
 #include <forkpool/runtime/internal/loaded_objects.hpp>
@@ -30,7 +31,7 @@ void send_release(Channel& channel, PeerMemory& memory) {
 
 // Throws ProtocolError when the message's blocks are not valid: the conversation is broken.
 void serve_task(Channel& channel, Message& task, PeerMemory& memory, RunningSlot& running,
-                const ObjectTranslation& objects) {
+                const ObjectTranslation& objects, const WorkerSpec& spec) {
   // Taken up from here: a crash while decoding is this task's too, never the next one's.
   running.element.store(0, std::memory_order_relaxed);
   running.request_id.store(task.request_id);  // seq_cst: ordered before the cancel marks are read (RunningSlot)
@@ -52,6 +53,13 @@ void serve_task(Channel& channel, Message& task, PeerMemory& memory, RunningSlot
     invoker(objects.translate(call.function), call.range, arguments, out, running.element);
     reply.write_table(out);
   } catch (...) {
+    if (!spec.process_name.empty()) {
+      // A Process: what escaped its function is its end, as in Python.
+      auto [type, message] = describe_current_exception();
+      std::fprintf(stderr, "forkpool: process %s (pid %d) raised %s: %s\n", spec.process_name.c_str(), getpid(),
+                   type.c_str(), message.c_str());
+      exit_helper(1);
+    }
     call.blocks = IncomingBlocks({});
     send_release(channel, memory);
     channel.send(kErrorMessage, task.request_id, encode_current_exception().bytes());
@@ -80,7 +88,8 @@ Mapping receive_hello(Channel& channel) {
 }  // namespace
 
 void worker_main(const WorkerSpec& spec, int index, pid_t parent, UniqueFd channel_fd, ObjectTranslation objects) noexcept {
-  int fd = become_helper_process("forkpool-worker-" + std::to_string(index), parent, channel_fd.release());
+  std::string name = spec.process_name.empty() ? "forkpool-worker-" + std::to_string(index) : spec.process_name;
+  int fd = become_helper_process(name, parent, channel_fd.release());
   Channel channel{UniqueFd(fd)};
   Storage::forget_inherited();
   int served = 0;
@@ -116,7 +125,7 @@ void worker_main(const WorkerSpec& spec, int index, pid_t parent, UniqueFd chann
       if (message.kind != kTaskMessage)
         throw ProtocolError("forkpool: the parent sent a message of unknown kind " + std::to_string(message.kind));
       // Everything the task made is destroyed before the next one starts.
-      serve_task(channel, message, *memory, running, objects);
+      serve_task(channel, message, *memory, running, objects, spec);
       if (spec.maxtasksperchild > 0 && ++served >= spec.maxtasksperchild) break;
     }
   } catch (const ChannelClosed&) {

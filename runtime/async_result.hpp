@@ -16,7 +16,7 @@
 
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/internal/blocking_wait.hpp>
-#include <forkpool/runtime/internal/event.hpp>
+#include <forkpool/runtime/internal/one_shot.hpp>
 #include <forkpool/runtime/internal/io.hpp>
 #include <forkpool/runtime/loop.hpp>
 #include <forkpool/runtime/task.hpp>
@@ -88,7 +88,7 @@ class ResultState : public std::enable_shared_from_this<ResultState<R>> {
     timers_.push_back(timer);
   }
 
-  Event& done() noexcept { return done_; }
+  OneShot& done() noexcept { return done_; }
 
   R copy() const {
     if (error_) std::rethrow_exception(error_);
@@ -120,7 +120,7 @@ class ResultState : public std::enable_shared_from_this<ResultState<R>> {
 
   std::optional<Stored> value_;
   std::exception_ptr error_;
-  Event done_;
+  OneShot done_;
   std::function<void()> canceller_;
   std::vector<Callback> callbacks_;
   std::vector<std::weak_ptr<std::stop_source>> timers_;

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include <forkpool/runtime/internal/event.hpp>
+#include <forkpool/runtime/internal/one_shot.hpp>
 #include <forkpool/runtime/internal/io.hpp>
 #include <forkpool/runtime/loop.hpp>
 #include <forkpool/runtime/internal/unique_fd.hpp>
@@ -244,7 +244,7 @@ TEST(Loop, RunReadyFromInsideACoroutineThrows) {
 
 TEST(Loop, WaitingOnNothingThatCanCompleteIsADeadlockError) {
   auto body = []() -> Task<void> {
-    Event never;
+    OneShot never;
     co_await never;
   };
   EXPECT_THROW(run(body()), std::logic_error);

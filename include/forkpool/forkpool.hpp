@@ -5,8 +5,11 @@
 #include <forkpool/pool/as_completed.hpp>
 #include <forkpool/pool/init.hpp>
 #include <forkpool/pool/pool.hpp>
+#include <forkpool/pool/process.hpp>
+#include <forkpool/pool/queue.hpp>
 #include <forkpool/pool/spawn.hpp>
 #include <forkpool/pool/stream.hpp>
+#include <forkpool/pool/sync.hpp>
 #include <forkpool/pool/worker_info.hpp>
 #include <forkpool/runtime/async_result.hpp>
 #include <forkpool/runtime/error.hpp>

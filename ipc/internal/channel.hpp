@@ -3,6 +3,7 @@
 // sends and receives on the event loop; a worker may use the blocking calls.
 
 #include <cstdint>
+#include <optional>
 #include <span>
 
 #include <forkpool/ipc/internal/frame.hpp>
@@ -26,6 +27,8 @@ class Channel {
   void send(std::uint16_t kind, std::uint64_t request_id, std::span<const std::byte> payload,
             std::span<const int> fds = {});
   Message receive();
+  // Never blocks: nothing when no message is waiting. Throws like receive().
+  std::optional<Message> try_receive();
   // Never blocks: false when the socket's buffer is full. Throws like send().
   bool try_send(std::uint16_t kind, std::uint64_t request_id, std::span<const std::byte> payload,
                 std::span<const int> fds = {});

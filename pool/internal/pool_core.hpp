@@ -18,7 +18,8 @@ namespace forkpool::detail {
 class PoolCore {
  public:
   // Starts the workers (and, for forkserver, the fork server). Nothing is left behind if it throws.
-  static std::shared_ptr<PoolCore> create(PoolOptions options);
+  // `process_name` non-empty: the workers are Processes (WorkerSpec::process_name).
+  static std::shared_ptr<PoolCore> create(PoolOptions options, std::string process_name = {});
   virtual ~PoolCore() = default;
 
   // Queues a job. Throws PoolClosed after close() or terminate().

@@ -3,6 +3,8 @@
 
 #include <sys/types.h>
 
+#include <string>
+
 #include <forkpool/pool/pool_options.hpp>
 #include <forkpool/runtime/internal/loaded_objects.hpp>
 #include <forkpool/runtime/internal/unique_fd.hpp>
@@ -12,6 +14,9 @@ namespace forkpool::detail {
 struct WorkerSpec {
   int maxtasksperchild = 0;
   Initializer initializer;
+  // Non-empty: the worker is a Process (start_process), named so; an exception escaping its task
+  // is printed (type and message) and ends it with exit code 1, as Python's.
+  std::string process_name;
 };
 
 // Runs in a freshly forked (or spawned) process: sets it up, runs the initializer, then serves

@@ -1,5 +1,5 @@
 #pragma once
-// Event: a one-shot flag that coroutines can wait for. set() resumes every waiter, in order.
+// OneShot: a one-shot flag that coroutines can wait for. set() resumes every waiter, in order.
 
 #include <coroutine>
 #include <utility>
@@ -7,7 +7,7 @@
 
 namespace forkpool {
 
-class Event {
+class OneShot {
  public:
   bool is_set() const noexcept { return set_; }
 
@@ -21,7 +21,7 @@ class Event {
 
   auto operator co_await() noexcept {
     struct Awaiter {
-      Event& event;
+      OneShot& event;
       bool await_ready() const noexcept { return event.set_; }
       void await_suspend(std::coroutine_handle<> waiter) { event.waiters_.push_back(waiter); }
       void await_resume() const noexcept {}

@@ -1,0 +1,33 @@
+#include <forkpool/pool/internal/fd_wait.hpp>
+
+#include <poll.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+
+#include <forkpool/runtime/internal/errno.hpp>
+
+namespace forkpool::detail {
+
+Deadline deadline_after(std::chrono::nanoseconds timeout) {
+  if (timeout == std::chrono::nanoseconds::max()) return std::nullopt;
+  return std::chrono::steady_clock::now() + std::max(timeout, std::chrono::nanoseconds::zero());
+}
+
+bool wait_for_fd(int fd, short events, Deadline deadline, const char* who) {
+  for (;;) {
+    int ms = -1;  // rounded up: a short wait is not a busy one
+    if (deadline) {
+      auto left = std::chrono::ceil<std::chrono::milliseconds>(*deadline - std::chrono::steady_clock::now()).count();
+      ms = static_cast<int>(std::clamp<long long>(left, 0, INT_MAX));
+    }
+    pollfd p{fd, events, 0};
+    int ready = poll(&p, 1, ms);
+    if (ready > 0) return true;
+    if (ready == 0) return false;
+    if (errno != EINTR) throw_last_errno(who);
+  }
+}
+
+}  // namespace forkpool::detail

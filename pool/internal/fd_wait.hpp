@@ -1,0 +1,15 @@
+#pragma once
+// Blocking waits on a descriptor with a deadline, for the plain (not loop) calls of queues and
+// events: poll(2), never a busy wait.
+
+#include <forkpool/pool/queue.hpp>
+
+namespace forkpool::detail {
+
+// Deadline and deadline_after() are declared in queue.hpp (its templates need them).
+
+// Waits until `fd` has `events` (POLLIN, POLLOUT) or `deadline` passes (false). Signals are
+// waited through. Throws std::system_error naming `who`.
+bool wait_for_fd(int fd, short events, Deadline deadline, const char* who);
+
+}  // namespace forkpool::detail

@@ -1,0 +1,106 @@
+#pragma once
+// start_process(f, args...): f(args...) in a new process, as multiprocessing.Process(target=f,
+// args=args).start(). The process is started by the start method of ProcessOptions (a fork, a
+// fork of the fork server, or a fresh run of the program), so `f` is what a task may be (a
+// function pointer or a lambda without captures) and each argument a value codec<T> sends:
+// Queue, Event, Lock, Barrier and Tensor included, their descriptors in the message.
+//
+//   void produce(fp::Queue<fp::Tensor> q, int n) { ... }
+//   fp::Queue<fp::Tensor> q;
+//   fp::Process p = fp::start_process(produce, q, 100);
+//   ... q.get() ...
+//   p.join();   // p.exitcode() == 0
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <forkpool/pool/pool.hpp>
+#include <forkpool/pool/pool_options.hpp>
+#include <forkpool/runtime/async_result.hpp>
+#include <forkpool/runtime/internal/unique_fd.hpp>
+#include <forkpool/runtime/task.hpp>
+
+namespace forkpool {
+
+struct ProcessOptions {
+  StartMethod start_method = StartMethod::forkserver;
+  std::string name = {};  // in ps; "forkpool-process" when empty
+};
+
+// One process running one function. Belongs to the thread that started it (its waits drive that
+// thread's loop). Destroying a Process that still runs kills it: join() first.
+class Process {
+ public:
+  Process(Process&&) noexcept;
+  Process& operator=(Process&&) noexcept;
+  ~Process();
+
+  pid_t pid() const noexcept { return pid_; }
+  bool is_alive() const;
+  // Empty while it runs; then its exit code: 0 when f returned, 1 when an exception escaped f
+  // (printed to stderr with its type and message), -N when signal N killed it, as Python.
+  std::optional<int> exitcode() const;
+  void terminate();  // SIGTERM
+  void kill();       // SIGKILL
+  // True once it has ended (and its exit code is known); false if `timeout` passes first.
+  bool join(std::chrono::nanoseconds timeout = std::chrono::nanoseconds::max());
+  // On the calling thread's loop: its exit code, once it has ended.
+  Task<int> async_join();
+
+  // For start_process: runs `submit(pool)` on a pool whose one worker is the new process.
+  template <class R>
+  static Process start(const ProcessOptions& options, const std::function<AsyncResult<R>(Pool&)>& submit) {
+    Process process(options);
+    AsyncResult<R> result = submit(*process.pool_);
+    process.outcome_ = [result] { return result.ready(); };
+    process.failure_ = [result]() -> std::exception_ptr {
+      try {
+        result.get();
+        return nullptr;
+      } catch (...) {
+        return std::current_exception();
+      }
+    };
+    process.wait_ = [result]() -> Task<void> {
+      try {
+        co_await result;
+      } catch (...) {
+      }
+    };
+    process.started();
+    return process;
+  }
+
+ private:
+  explicit Process(const ProcessOptions& options);
+  void started();
+  std::optional<int> exit_code_from_result() const;
+
+  std::unique_ptr<Pool> pool_;
+  pid_t pid_ = -1;
+  UniqueFd pidfd_;
+  // The task's result, type-erased: ready, its failure (null: success), awaiting it.
+  std::function<bool()> outcome_;
+  std::function<std::exception_ptr()> failure_;
+  std::function<Task<void>()> wait_;
+};
+
+template <class F, class... Args>
+Process start_process(ProcessOptions options, F f, Args... args) {
+  return Process::start<detail::CallResult<F, std::tuple<Args...>, true>>(
+      options, [&](Pool& pool) { return pool.apply_async(f, args...); });
+}
+
+template <class F, class... Args>
+  requires(!std::is_same_v<std::decay_t<F>, ProcessOptions>)
+Process start_process(F f, Args... args) {
+  return start_process(ProcessOptions{}, f, args...);
+}
+
+}  // namespace forkpool

@@ -1,0 +1,124 @@
+#pragma once
+// Queue<T>: many producers and many consumers in any processes, as multiprocessing.Queue (with
+// torch's tensors moved to shared memory). A handle: copies, and copies passed to other processes
+// (as arguments of start_process, spawn and pool tasks, under every start method: its
+// descriptors travel with the message), are the same queue.
+//
+// Each item is one datagram on an AF_UNIX SOCK_SEQPACKET socket, its descriptors (a tensor's
+// shared memory) inside it: a consumer gets whole items only, also when a producer dies in the
+// middle of a put, and an item put by a process that exits at once still arrives (the kernel
+// holds it, with its descriptors; torch's Queue loses it: pytorch#65418).
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+
+#include <forkpool/ipc/codec.hpp>
+#include <forkpool/ipc/internal/channel.hpp>
+#include <forkpool/runtime/task.hpp>
+
+namespace forkpool {
+
+namespace detail {
+
+// The untyped queue: items as messages on a socketpair (put into one end, got from the other),
+// and, when bounded, one token per free place in a pipe (put takes one, get gives one back).
+using Deadline = std::optional<std::chrono::steady_clock::time_point>;  // none: for ever
+Deadline deadline_after(std::chrono::nanoseconds timeout);               // nanoseconds::max(): none
+
+class QueueCore {
+ public:
+  explicit QueueCore(std::size_t maxsize);
+  // A queue received from another process: `fds` are its socket ends and, when bounded, its
+  // token pipe. Throws ProtocolError when they are not.
+  QueueCore(std::size_t maxsize, UniqueFd put_end, UniqueFd get_end, UniqueFd tokens_out, UniqueFd tokens_in);
+
+  // false when `deadline` passed first.
+  bool put(const Writer& item, Deadline deadline);
+  Task<void> async_put(Writer item);
+  // Nothing when `deadline` passed first; `deadline` now: get_nowait.
+  std::optional<Message> get(Deadline deadline);
+  Task<Message> async_get();
+
+  void close() noexcept { closed_ = true; }
+  std::size_t maxsize() const noexcept { return maxsize_; }
+  void encode(Writer& w, const std::shared_ptr<const QueueCore>& self) const;
+
+ private:
+  bool take_token(Deadline deadline);
+  void give_token();
+  void check_open() const;
+
+  std::size_t maxsize_;
+  Channel put_end_, get_end_;
+  UniqueFd tokens_out_, tokens_in_;  // read a token from out; write one into in
+  bool closed_ = false;
+};
+
+}  // namespace detail
+
+template <class T>
+class Queue {
+ public:
+  // maxsize 0: no bound of its own (the kernel's socket buffer still bounds the bytes in flight:
+  // a put then waits for a consumer). Throws std::system_error; std::invalid_argument for a
+  // maxsize larger than a pipe can hold tokens for (/proc/sys/fs/pipe-max-size).
+  explicit Queue(std::size_t maxsize = 0) : core_(std::make_shared<detail::QueueCore>(maxsize)) {}
+
+  // Blocking calls, for plain code (workers, ranks). Any thread. put throws std::logic_error
+  // after close() in this process.
+  void put(T item) { core_->put(encode(item), std::nullopt); }
+  // false when the queue stayed full for `timeout`.
+  bool put(T item, std::chrono::nanoseconds timeout) { return core_->put(encode(item), detail::deadline_after(timeout)); }
+  T get() { return *take_if(core_->get(std::nullopt)); }
+  std::optional<T> get(std::chrono::nanoseconds timeout) { return take_if(core_->get(detail::deadline_after(timeout))); }
+  std::optional<T> get_nowait() { return take_if(core_->get(std::chrono::steady_clock::now())); }
+
+  // On the calling thread's loop; they resume inside the loop's turn that completed them.
+  Task<void> async_put(T item) {
+    auto core = core_;
+    co_await core->async_put(encode(item));
+  }
+  Task<T> async_get() {
+    auto core = core_;
+    Message message = co_await core->async_get();
+    co_return take(message);
+  }
+
+  // This process puts no more (further puts throw std::logic_error); gets go on.
+  void close() noexcept { core_->close(); }
+
+ private:
+  friend struct codec<Queue<T>>;
+  explicit Queue(std::shared_ptr<detail::QueueCore> core) : core_(std::move(core)) {}
+
+  static T take(Message& message) {
+    Reader in = message.reader();
+    T item = in.read<T>();
+    in.expect_end();
+    return item;
+  }
+  static std::optional<T> take_if(std::optional<Message> message) {
+    if (!message) return std::nullopt;
+    return take(*message);
+  }
+
+  std::shared_ptr<detail::QueueCore> core_;
+};
+
+namespace detail {
+// codec<Queue<T>>'s untyped half.
+std::shared_ptr<QueueCore> decode_queue(Reader& r);
+}  // namespace detail
+
+template <class T>
+struct codec<Queue<T>> {
+  static constexpr std::size_t min_size = sizeof(std::uint64_t) + 2 * sizeof(std::uint32_t);
+  static void encode(Writer& w, const Queue<T>& queue) { queue.core_->encode(w, queue.core_); }
+  static Queue<T> decode(Reader& r) { return Queue<T>(detail::decode_queue(r)); }
+};
+
+}  // namespace forkpool

@@ -1,0 +1,273 @@
+// Processes, queues, events, locks and barriers across real processes, under every start method.
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <forkpool/pool/pool.hpp>
+#include <forkpool/pool/process.hpp>
+#include <forkpool/pool/queue.hpp>
+#include <forkpool/pool/spawn.hpp>
+#include <forkpool/pool/sync.hpp>
+#include <forkpool/runtime/error.hpp>
+#include <forkpool/runtime/loop.hpp>
+#include <forkpool/shm/tensor.hpp>
+#include <forkpool/shm/tensor_codec.hpp>
+
+#include "support.hpp"
+
+namespace forkpool {
+namespace {
+
+using namespace std::chrono_literals;
+
+void put_square(Queue<int> q, int x) { q.put(x * x); }
+void raise_domain_error(int) { throw std::domain_error("no such thing"); }
+void sleep_for_ever(int) {
+  for (;;) pause();
+}
+
+// Tensor `id` holds 256 floats, each id + i / 1000.
+Tensor tensor_number(int id) {
+  Tensor t = Tensor::empty({256}, DType::f32);
+  for (int i = 0; i < 256; ++i) t.data<float>()[i] = static_cast<float>(id) + static_cast<float>(i) / 1000;
+  return t;
+}
+bool is_tensor_number(const Tensor& t, int id) {
+  if (t.numel() != 256) return false;
+  for (int i = 0; i < 256; ++i)
+    if (t.data<float>()[i] != static_cast<float>(id) + static_cast<float>(i) / 1000) return false;
+  return true;
+}
+
+void produce_tensors(Queue<Tensor> q, int first, int count) {
+  for (int id = first; id < first + count; ++id) q.put(tensor_number(id));
+}
+
+// Takes `count` tensors; reports the id of each intact one (-1 for a spoilt one).
+void consume_tensors(Queue<Tensor> q, Queue<std::vector<int>> seen, int count) {
+  std::vector<int> ids;
+  for (int n = 0; n < count; ++n) {
+    Tensor t = q.get();
+    int id = static_cast<int>(t.data<float>()[0]);
+    ids.push_back(is_tensor_number(t, id) ? id : -1);
+  }
+  seen.put(ids);
+}
+
+void put_then_exit_at_once(Queue<Tensor> q, int id) {
+  q.put(tensor_number(id));
+  std::_Exit(0);  // no destructor, no flush: the item is the kernel's already
+}
+
+// Items of 30,000 ints (past the inline payload: a memfd each), all `n`, in an endless loop.
+void put_for_ever(Queue<std::vector<int>> q, int) {
+  for (int n = 0;; ++n) q.put(std::vector<int>(30000, n));
+}
+
+void hold_the_lock(Lock lock, Event held) {
+  lock.lock();
+  held.set();
+  sleep_for_ever(0);
+}
+
+void arrive_and_pass(Barrier barrier, Queue<std::string> log) {
+  log.put("arrived");
+  barrier.wait();
+  log.put("passed");
+}
+
+void wait_then_report(Event go, Queue<int> report) {
+  report.put(go.wait(10s) ? 1 : 0);
+}
+
+class ProcessTest : public ::testing::TestWithParam<StartMethod> {
+ protected:
+  ProcessOptions options() { return {.start_method = GetParam()}; }
+};
+
+TEST_P(ProcessTest, AProcessRunsItsFunctionAndEndsWithExitCodeZero) {
+  Queue<int> q;
+  Process p = start_process(options(), put_square, q, 7);
+  EXPECT_GT(p.pid(), 0);
+  EXPECT_EQ(q.get(), 49);
+  EXPECT_TRUE(p.join(10s));
+  EXPECT_FALSE(p.is_alive());
+  EXPECT_EQ(p.exitcode(), std::optional<int>(0));
+}
+
+TEST_P(ProcessTest, AnExceptionEscapingTheFunctionIsExitCodeOne) {
+  Process p = start_process(options(), raise_domain_error, 0);
+  EXPECT_TRUE(p.join(10s));
+  EXPECT_EQ(p.exitcode(), std::optional<int>(1));
+}
+
+TEST_P(ProcessTest, AKilledProcessHasMinusTheSignalAsExitCodeAndJoinTimesOutBefore) {
+  Process p = start_process(options(), sleep_for_ever, 0);
+  EXPECT_FALSE(p.join(50ms));
+  EXPECT_TRUE(p.is_alive());
+  EXPECT_EQ(p.exitcode(), std::nullopt);
+  p.terminate();
+  EXPECT_TRUE(p.join(10s));
+  EXPECT_EQ(p.exitcode(), std::optional<int>(-SIGTERM));
+  Process q = start_process(options(), sleep_for_ever, 0);
+  q.kill();
+  EXPECT_EQ(run(q.async_join()), -SIGKILL);
+}
+
+TEST_P(ProcessTest, AThousandTensorsFromTwoProducersReachTwoConsumersEachOnceAndIntact) {
+  Queue<Tensor> q;
+  Queue<std::vector<int>> seen;
+  std::vector<Process> processes;
+  processes.push_back(start_process(options(), produce_tensors, q, 0, 500));
+  processes.push_back(start_process(options(), produce_tensors, q, 500, 500));
+  processes.push_back(start_process(options(), consume_tensors, q, seen, 500));
+  processes.push_back(start_process(options(), consume_tensors, q, seen, 500));
+  std::vector<int> all = seen.get();
+  std::vector<int> more = seen.get();
+  all.insert(all.end(), more.begin(), more.end());
+  std::sort(all.begin(), all.end());
+  std::vector<int> expected(1000);
+  for (int i = 0; i < 1000; ++i) expected[i] = i;
+  EXPECT_EQ(all, expected);
+  for (Process& p : processes) {
+    EXPECT_TRUE(p.join(10s));
+    EXPECT_EQ(p.exitcode(), std::optional<int>(0));
+  }
+}
+
+TEST_P(ProcessTest, ATensorPutByAProducerThatExitsAtOnceArrives) {
+  Queue<Tensor> q;
+  Process p = start_process(options(), put_then_exit_at_once, q, 42);
+  EXPECT_TRUE(p.join(10s));  // gone before anyone took its tensor
+  std::optional<Tensor> t = q.get(5s);
+  ASSERT_TRUE(t.has_value());
+  EXPECT_TRUE(is_tensor_number(*t, 42));
+}
+
+TEST_P(ProcessTest, AProducerKilledInALoopOfPutsLeavesOnlyWholeItems) {
+  Queue<std::vector<int>> q;
+  Process p = start_process(options(), put_for_ever, q, 0);
+  ASSERT_TRUE(q.get(10s).has_value());
+  std::this_thread::sleep_for(20ms);
+  p.kill();
+  ASSERT_TRUE(p.join(10s));
+  int items = 0;
+  while (std::optional<std::vector<int>> item = q.get(200ms)) {
+    ASSERT_EQ(item->size(), 30000u);
+    EXPECT_TRUE(std::all_of(item->begin(), item->end(), [&](int v) { return v == item->front(); }));
+    ++items;
+  }
+  EXPECT_FALSE(q.get_nowait().has_value());  // and nothing hangs
+}
+
+TEST_P(ProcessTest, ALockWhoseHolderIsKilledPassesToTheNextWhoSeesThePreviousOwnerDied) {
+  Lock lock;
+  Event held;
+  Process p = start_process(options(), hold_the_lock, lock, held);
+  ASSERT_TRUE(held.wait(10s));
+  EXPECT_FALSE(lock.try_lock());
+  p.kill();
+  ASSERT_TRUE(p.join(10s));
+  lock.lock();  // returns: the holder is dead
+  EXPECT_TRUE(lock.previous_owner_died());
+  lock.unlock();
+  lock.lock();
+  EXPECT_FALSE(lock.previous_owner_died());
+  lock.unlock();
+}
+
+TEST_P(ProcessTest, ABarrierOfThreeProcessesLetsNoneThroughBeforeAllArrived) {
+  Barrier barrier(3);
+  Queue<std::string> log;
+  std::vector<Process> processes;
+  for (int i = 0; i < 3; ++i) processes.push_back(start_process(options(), arrive_and_pass, barrier, log));
+  std::vector<std::string> order;
+  for (int i = 0; i < 6; ++i) order.push_back(log.get());
+  EXPECT_EQ(order, (std::vector<std::string>{"arrived", "arrived", "arrived", "passed", "passed", "passed"}));
+  for (Process& p : processes) EXPECT_TRUE(p.join(10s));
+}
+
+TEST_P(ProcessTest, AnEventSetHereWakesAProcessWaitingForIt) {
+  Event go;
+  Queue<int> report;
+  Process p = start_process(options(), wait_then_report, go, report);
+  EXPECT_FALSE(report.get(50ms).has_value());  // it waits
+  go.set();
+  EXPECT_EQ(report.get(10s), std::optional<int>(1));
+  EXPECT_TRUE(p.join(10s));
+}
+
+INSTANTIATE_TEST_SUITE_P(StartMethods, ProcessTest, test_support::all_start_methods(), test_support::start_method_name);
+
+void set_event(Event e, int) { e.set(); }
+
+TEST(EventTest, AnEventIsAwaitedOnTheLoopWhileAnotherProcessSetsIt) {
+  Event e;
+  EXPECT_FALSE(e.is_set());
+  Process p = start_process(set_event, e, 0);
+  run(e.async_wait());
+  EXPECT_TRUE(e.is_set());
+  e.clear();
+  EXPECT_FALSE(e.is_set());
+  EXPECT_FALSE(e.wait(10ms));
+  p.join();
+}
+
+TEST(QueueTest, AQueuePassedToAPoolTaskIsUsedThere) {
+  Queue<int> q;
+  Pool pool({.processes = 2});
+  pool.apply_async(put_square, q, 5).get();
+  EXPECT_EQ(q.get(), 25);
+}
+
+TEST(QueueTest, AFullQueueMakesPutWaitAndPutWithATimeoutTimesOut) {
+  Queue<int> q(2);
+  q.put(1);
+  q.put(2);
+  auto started = std::chrono::steady_clock::now();
+  EXPECT_FALSE(q.put(3, 50ms));
+  EXPECT_GE(std::chrono::steady_clock::now() - started, 50ms);
+  EXPECT_EQ(q.get(), 1);
+  EXPECT_TRUE(q.put(3, 50ms));
+  EXPECT_EQ(q.get(), 2);
+  EXPECT_EQ(q.get(), 3);
+}
+
+TEST(QueueTest, GetWithATimeoutTimesOutAndGetNowaitOfAnEmptyQueueIsEmpty) {
+  Queue<int> q;
+  auto started = std::chrono::steady_clock::now();
+  EXPECT_FALSE(q.get(50ms).has_value());
+  EXPECT_GE(std::chrono::steady_clock::now() - started, 50ms);
+  EXPECT_FALSE(q.get_nowait().has_value());
+}
+
+TEST(QueueTest, PutAndGetOnTheLoop) {
+  Queue<std::string> q(1);
+  auto body = [&]() -> Task<std::string> {
+    co_await q.async_put("one");
+    std::string first = co_await q.async_get();
+    co_await q.async_put("two");
+    co_return first + (co_await q.async_get());
+  };
+  EXPECT_EQ(run(body()), "onetwo");
+}
+
+TEST(QueueTest, PutAfterCloseIsALogicError) {
+  Queue<int> q;
+  q.put(1);
+  q.close();
+  EXPECT_THROW(q.put(2), std::logic_error);
+  EXPECT_EQ(q.get(), 1);
+}
+
+}  // namespace
+}  // namespace forkpool
