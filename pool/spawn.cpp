@@ -67,7 +67,7 @@ ProcessContext ProcessContext::start(int nprocs, const std::function<void(int ra
 }
 
 ProcessContext ProcessContext::start_in_pool(int nprocs, StartMethod method,
-                                             const std::function<AsyncResult<void>(Pool&, int rank)>& submit) {
+                                             const std::function<detail::RankOutcome(Pool&, int rank)>& submit) {
   if (nprocs <= 0) throw std::invalid_argument("forkpool: start_processes needs nprocs >= 1");
   ProcessContext context;
   context.pool_ = std::make_unique<Pool>(PoolOptions{.processes = nprocs, .start_method = method});
@@ -83,18 +83,19 @@ bool ProcessContext::join_pool(std::optional<std::chrono::nanoseconds> timeout) 
   auto failed_or_all_done = [&] {
     bool all = true;
     for (auto& rank : ranks_) {
-      if (rank.ready() && !rank.successful()) return true;
+      if (rank.ready() && rank.failure()) return true;
       all = all && rank.ready();
     }
     return all;
   };
   if (!detail::drive_loop_until(failed_or_all_done, timeout, "forkpool::ProcessContext::join")) return false;
   for (std::size_t rank = 0; rank < ranks_.size(); ++rank) {
-    if (!ranks_[rank].ready() || ranks_[rank].successful()) continue;
+    std::exception_ptr failure = ranks_[rank].ready() ? ranks_[rank].failure() : nullptr;
+    if (!failure) continue;
     pool_->terminate();
     pool_.reset();  // every rank killed and reaped
     try {
-      ranks_[rank].get();
+      std::rethrow_exception(failure);
     } catch (const RemoteError& e) {
       throw ProcessRaisedException(static_cast<int>(rank), e.worker_pid(), e.type_name(), e.message());
     } catch (const WorkerLost& e) {

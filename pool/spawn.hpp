@@ -27,6 +27,25 @@ namespace forkpool {
 namespace detail {
 template <class T>
 inline constexpr bool has_codec_v = requires(Writer& w, const T& value) { codec<T>::encode(w, value); };
+
+// A rank run as a pool task: whether it ended, and how it failed (null: it did not).
+struct RankOutcome {
+  std::function<bool()> ready;
+  std::function<std::exception_ptr()> failure;
+};
+template <class R>
+RankOutcome outcome_of(AsyncResult<R> result) {
+  return {[result] { return result.ready(); },
+          [result]() -> std::exception_ptr {
+            if (result.successful()) return nullptr;
+            try {
+              result.get();
+            } catch (...) {
+              return std::current_exception();
+            }
+            return nullptr;
+          }};
+}
 }  // namespace detail
 
 struct SpawnOptions {
@@ -49,10 +68,11 @@ class ProcessContext {
 
   // For start_processes: forks process `rank` running `body`.
   static ProcessContext start(int nprocs, const std::function<void(int rank)>& body);
-  // For start_processes under forkserver and spawn: a pool of nprocs workers started by
-  // `method`, and `submit(pool, rank)` gives each rank's task to it.
+  // For start_processes under forkserver and spawn, and spawn() of a function returning a value:
+  // a pool of nprocs workers started by `method`, and `submit(pool, rank)` gives each rank's
+  // task to it.
   static ProcessContext start_in_pool(int nprocs, StartMethod method,
-                                      const std::function<AsyncResult<void>(Pool&, int rank)>& submit);
+                                      const std::function<detail::RankOutcome(Pool&, int rank)>& submit);
 
  private:
   struct Child {
@@ -67,7 +87,7 @@ class ProcessContext {
   bool join_pool(std::optional<std::chrono::nanoseconds> timeout);
   std::vector<Child> children_;
   std::unique_ptr<Pool> pool_;               // under forkserver and spawn: its workers are the ranks
-  std::vector<AsyncResult<void>> ranks_;     // each rank's task, by rank
+  std::vector<detail::RankOutcome> ranks_;   // each rank's task, by rank
   std::vector<pid_t> pool_pids_;
 };
 
@@ -77,14 +97,14 @@ ProcessContext start_processes(F fn, int nprocs, SpawnOptions options, Args... a
   auto start = [&] {
     if (options.start_method == StartMethod::fork)
       return ProcessContext::start(nprocs, [&](int rank) { fn(rank, args...); });
-    if constexpr (detail::is_sendable_function_v<F> && std::is_void_v<std::invoke_result_t<F&, int, Args&...>> &&
-                  (detail::has_codec_v<Args> && ...)) {
-      return ProcessContext::start_in_pool(nprocs, options.start_method,
-                                           [&](Pool& pool, int rank) { return pool.apply_async(fn, rank, args...); });
+    if constexpr (detail::is_sendable_function_v<F> && (detail::has_codec_v<Args> && ...)) {
+      return ProcessContext::start_in_pool(nprocs, options.start_method, [&](Pool& pool, int rank) {
+        return detail::outcome_of(pool.apply_async(fn, rank, args...));
+      });
     }
     throw std::invalid_argument(
         "forkpool: under StartMethod::forkserver and spawn, start_processes needs a function pointer or a "
-        "lambda without captures, returning void, with arguments a codec<T> can send");
+        "lambda without captures, with arguments a codec<T> can send");
   };
   ProcessContext context = start();
   if (options.join)
@@ -93,15 +113,33 @@ ProcessContext start_processes(F fn, int nprocs, SpawnOptions options, Args... a
   return context;
 }
 
-// start_processes with join: returns when all ended, rethrows the first failure.
+// start_processes with join: returns when all ended, rethrows the first failure. Where fn returns
+// a value, returns each rank's, by rank; then fn must be what a task may be (the values come
+// back as task results), under every start method.
 template <class F, class... Args>
-void spawn(F fn, int nprocs, Args... args) {
-  start_processes(fn, nprocs, SpawnOptions{.join = true}, args...);
+auto spawn(F fn, int nprocs, SpawnOptions options, Args... args) {
+  using R = std::invoke_result_t<F&, int, Args&...>;
+  options.join = true;
+  if constexpr (std::is_void_v<R>) {
+    start_processes(fn, nprocs, options, args...);
+  } else {
+    detail::check_sendable<F>();
+    std::vector<AsyncResult<R>> results;
+    ProcessContext context = ProcessContext::start_in_pool(nprocs, options.start_method, [&](Pool& pool, int rank) {
+      results.push_back(pool.apply_async(fn, rank, args...));
+      return detail::outcome_of(results.back());
+    });
+    while (!context.join()) {
+    }
+    std::vector<R> values;
+    for (auto& result : results) values.push_back(result.get());
+    return values;
+  }
 }
 template <class F, class... Args>
-void spawn(F fn, int nprocs, SpawnOptions options, Args... args) {
-  options.join = true;
-  start_processes(fn, nprocs, options, args...);
+  requires(!std::is_same_v<std::decay_t<std::tuple_element_t<0, std::tuple<Args..., void*>>>, SpawnOptions>)
+auto spawn(F fn, int nprocs, Args... args) {
+  return spawn(fn, nprocs, SpawnOptions{}, args...);
 }
 
 }  // namespace forkpool

@@ -33,6 +33,8 @@ void record_info(int rank) {
   shared_slots()[8 + rank].store(info ? info->id * 10 + info->num_workers : -1);
 }
 
+int rank_times(int rank, int k) { return rank * k; }
+
 void fail_on_rank_one(int rank) {
   if (rank == 1) throw std::runtime_error("bad rank");
   std::this_thread::sleep_for(10s);
@@ -53,6 +55,11 @@ TEST_P(Spawn, EachRanksWorkerInfoIsItsRankAndTheNumberOfRanks) {
   for (int i = 0; i < 3; ++i) shared_slots()[8 + i] = -2;
   spawn(record_info, 3, options());
   for (int i = 0; i < 3; ++i) EXPECT_EQ(shared_slots()[8 + i].load(), i * 10 + 3);
+}
+
+TEST_P(Spawn, AFunctionReturningAValueGivesEachRanksByRank) {
+  std::vector<int> values = spawn(rank_times, 3, options(), 10);
+  EXPECT_EQ(values, (std::vector<int>{0, 10, 20}));
 }
 
 TEST_P(Spawn, AFailingRankRaisesProcessRaisedExceptionAndStopsTheOthers) {
