@@ -32,7 +32,7 @@ def python_figure(file, pattern):
     return float(m.group(1)) if m else None
 
 
-loop, loop_epoll, ipc, pool, tensor = (load(n) for n in ("loop", "loop_epoll", "ipc", "pool", "tensor"))
+loop, loop_epoll, ipc, pool, tensor, queue = (load(n) for n in ("loop", "loop_epoll", "ipc", "pool", "tensor", "queue"))
 rows = []
 
 
@@ -209,6 +209,26 @@ def plot():
         fig.savefig(os.path.join(out, "dataloader.png"), dpi=100)
     print(f"plots: {out}/tensor_round_trip.png, {out}/dataloader.png")
 
+
+if queue:
+    for name, label, pattern, unit, target in (
+            ("BM_QueueInts/real_time", "queue: ints, producer process to consumer",
+             r"multiprocessing.Queue ints: ([\d.]+) k", 1e3, ""),
+            ("BM_QueueTensors64KiB/real_time", "queue: new 64 KiB tensors, producer to consumer",
+             r"Queue 64 KiB tensors: ([\d.]+) items", 1, " (target >= 10)"),
+            ("BM_QueueTensors1MiB/real_time", "queue: new 1 MiB tensors, producer to consumer",
+             r"Queue 1 MiB tensors: ([\d.]+) items", 1, " (target >= 10)"),
+            ("BM_LockUncontended/real_time", "lock: uncontended lock+unlock",
+             r"Lock uncontended: ([\d.]+) k", 1e3, ""),
+            ("BM_LockContendedByTwoProcesses/real_time", "lock: two processes taking turns",
+             r"Lock contended by 2 processes: ([\d.]+) k", 1e3, "")):
+        b = queue.get(name)
+        if not b:
+            continue
+        rate = b["items_per_second"]
+        py = python_figure("py_queue.txt", pattern)
+        ratio = f"{rate / (py * unit):.1f}x the Python peer ({py * unit:,.0f}/s){target}" if py else ""
+        row(label, f"{rate:,.0f}/s", ratio)
 
 width = max(len(r[0]) for r in rows) if rows else 0
 for what, figure, ratio in rows:

@@ -7,7 +7,7 @@ build=${1:-build-release}
 out=${BENCH_OUT:-$build/bench-results}
 anchors="$(cd "$(dirname "$0")/.." && pwd)/../shared/anchors"
 mkdir -p "$out"
-for b in loop ipc pool tensor; do
+for b in loop ipc pool tensor queue; do
   echo "== ${b}_bench (io_uring)" >&2
   FORKPOOL_BACKEND=io_uring "$build/bench/${b}_bench" --benchmark_min_time=0.3 \
     --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
@@ -24,6 +24,7 @@ if [ -d "$anchors" ]; then
     (cd "$anchors" && /usr/bin/python3 py_torch.py) | tee "$out/py_torch.txt" >&2
     (cd "$anchors" && /usr/bin/python3 py_dataloader.py) | tee "$out/py_dataloader.txt" >&2
   fi
+  /usr/bin/python3 "$(dirname "$0")/py_queue.py" | tee "$out/py_queue.txt" >&2
   if command -v gcc >/dev/null; then
     gcc -O2 -o "$out/fill" "$anchors/fill.c" && "$out/fill" | tee "$out/fill.txt" >&2
   fi
