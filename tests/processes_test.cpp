@@ -269,5 +269,31 @@ TEST(QueueTest, PutAfterCloseIsALogicError) {
   EXPECT_EQ(q.get(), 1);
 }
 
+// What another process sends in place of a queue or a lock: a descriptor of the wrong kind.
+template <class T>
+void expect_refused_with(int fd) {
+  Writer w;
+  if constexpr (std::is_same_v<T, Queue<int>>) {
+    w.write(std::uint64_t{0});
+    w.write(w.attach_fd(fd));
+  }
+  w.write(w.attach_fd(fd));
+  std::vector<UniqueFd> fds;
+  for (int attached : w.fds()) fds.emplace_back(dup(attached));
+  Reader r(w.bytes(), fds);
+  EXPECT_THROW(r.read<T>(), ProtocolError);
+}
+
+TEST(HostileInputTest, AQueueEventLockOrBarrierOfTheWrongDescriptorIsAProtocolError) {
+  int ends[2];
+  ASSERT_EQ(pipe(ends), 0);
+  expect_refused_with<Queue<int>>(ends[0]);  // a pipe, not a socket
+  expect_refused_with<Event>(ends[0]);       // not an eventfd
+  expect_refused_with<Lock>(ends[0]);        // not a sealed page
+  expect_refused_with<Barrier>(ends[0]);
+  close(ends[0]);
+  close(ends[1]);
+}
+
 }  // namespace
 }  // namespace forkpool

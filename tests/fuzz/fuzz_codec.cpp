@@ -1,7 +1,11 @@
-// libFuzzer target: every built-in codec decoding arbitrary bytes. The first byte picks the
+// libFuzzer target: every built-in codec decoding arbitrary bytes (queues and sync objects with
+// real descriptors of every kind attached). The first byte picks the
 // type; the rest is the message. Decoding must succeed or throw ProtocolError, never crash,
 // never allocate more than the input could describe.
 
+#include <fcntl.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -14,7 +18,10 @@
 #include <vector>
 
 #include <forkpool/ipc/codec.hpp>
+#include <forkpool/ipc/internal/memfd.hpp>
 #include <forkpool/pool/internal/peer_memory.hpp>
+#include <forkpool/pool/queue.hpp>
+#include <forkpool/pool/sync.hpp>
 #include <forkpool/shm/tensor_codec.hpp>
 
 namespace fp = forkpool;
@@ -73,12 +80,42 @@ void try_peer_message(std::span<const std::byte> bytes, bool release) {
   }
 }
 
+// Queues, events, locks and barriers received with a descriptor of every kind attached (a sealed
+// page, an unsealed memfd, a socket, a pipe, an eventfd): the wrong kind is a ProtocolError.
+struct Descriptors {
+  std::vector<int> fds;
+  Descriptors() {
+    fds.push_back(fp::create_memfd("fuzz-page", 4096).release());
+    fp::seal_size(fds.back());
+    fds.push_back(fp::create_memfd("fuzz-unsealed", 4096).release());
+    int pair[2];
+    socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair);
+    fds.insert(fds.end(), {pair[0], pair[1]});
+    pipe2(pair, O_CLOEXEC);
+    fds.insert(fds.end(), {pair[0], pair[1]});
+    fds.push_back(eventfd(0, EFD_CLOEXEC));
+  }
+};
+
+template <class T>
+void try_decode_with_descriptors(std::span<const std::byte> bytes) {
+  static Descriptors* attached = new Descriptors();
+  std::vector<fp::UniqueFd> fds;
+  for (int fd : attached->fds) fds.emplace_back(fcntl(fd, F_DUPFD_CLOEXEC, 0));
+  try {
+    fp::Reader reader(bytes, fds);
+    T value = reader.read<T>();
+    reader.expect_end();
+  } catch (const fp::ProtocolError&) {
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size == 0) return 0;
   auto bytes = std::as_bytes(std::span(data + 1, size - 1));
-  switch (data[0] % 17) {
+  switch (data[0] % 21) {
     case 0: try_decode<int>(bytes); break;
     case 1: try_decode<bool>(bytes); break;
     case 2: try_decode<std::string>(bytes); break;
@@ -101,6 +138,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     case 14: try_decode_reply(bytes); break;
     case 15: try_peer_message(bytes, true); break;
     case 16: try_peer_message(bytes, false); break;
+    case 17: try_decode_with_descriptors<fp::Queue<int>>(bytes); break;
+    case 18: try_decode_with_descriptors<fp::Event>(bytes); break;
+    case 19: try_decode_with_descriptors<fp::Lock>(bytes); break;
+    case 20: try_decode_with_descriptors<fp::Barrier>(bytes); break;
   }
   return 0;
 }
