@@ -252,7 +252,7 @@ class ProgramForkServer {
       ours.release().reset();
       program_server_main(parent, theirs.release(), own);
     }
-    instance().reset(new ProgramForkServer(pid, std::move(ours), std::move(own)));
+    instance().reset(new ProgramForkServer(std::move(ours), std::move(own)));  // it dies with us
   }
 
   // Forks a fork server for a pool, serving `control` (its end), whose workers run `spec`;
@@ -275,8 +275,8 @@ class ProgramForkServer {
   }
 
  private:
-  ProgramForkServer(pid_t pid, Channel channel, std::shared_ptr<const std::set<std::uintptr_t>> objects)
-      : owner_(current_pid()), pid_(pid), channel_(std::move(channel)), objects_(std::move(objects)) {}
+  ProgramForkServer(Channel channel, std::shared_ptr<const std::set<std::uintptr_t>> objects)
+      : owner_(current_pid()), channel_(std::move(channel)), objects_(std::move(objects)) {}
 
   static std::unique_ptr<ProgramForkServer>& instance() {
     static std::unique_ptr<ProgramForkServer> server;  // lives (and runs) as long as the program
@@ -284,7 +284,6 @@ class ProgramForkServer {
   }
 
   pid_t owner_;
-  pid_t pid_;
   Channel channel_;
   std::shared_ptr<const std::set<std::uintptr_t>> objects_;  // what it and its children have
   std::mutex mutex_;

@@ -11,6 +11,7 @@
 #include <system_error>
 
 #include <forkpool/pool/internal/fd_wait.hpp>
+#include <forkpool/pool/internal/queue_memory.hpp>
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/internal/errno.hpp>
 #include <forkpool/runtime/internal/io.hpp>
@@ -135,6 +136,21 @@ void QueueCore::encode(Writer& w, const std::shared_ptr<const QueueCore>& self) 
     w.write(w.attach_fd(tokens_out_.get(), self));
     w.write(w.attach_fd(tokens_in_.get(), self));
   }
+}
+
+Writer encode_queue_item(const std::function<void(Writer&)>& write) {
+  OutgoingBlocks blocks;
+  Writer item(&blocks);
+  write(item);
+  QueueMemory::instance()->lend(item, blocks);
+  return item;
+}
+
+void decode_queue_item(Message& message, const std::function<void(Reader&)>& read) {
+  std::span<const std::byte> body = message.payload.bytes();
+  IncomingBlocks blocks = QueueMemory::instance()->borrow(body, message.fds);
+  Reader in(body, message.fds, &blocks);
+  read(in);
 }
 
 std::shared_ptr<QueueCore> decode_queue(Reader& r) {

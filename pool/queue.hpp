@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -23,6 +24,11 @@
 namespace forkpool {
 
 namespace detail {
+
+// An item as it crosses: written by `write`, its tensors' blocks lent (pool/internal/
+// queue_memory.hpp); and read back by `read` from a message, the blocks borrowed.
+Writer encode_queue_item(const std::function<void(Writer&)>& write);
+void decode_queue_item(Message& message, const std::function<void(Reader&)>& read);
 
 // The untyped queue: items as messages on a socketpair (put into one end, got from the other),
 // and, when bounded, one token per free place in a pipe (put takes one, get gives one back).
@@ -70,9 +76,11 @@ class Queue {
 
   // Blocking calls, for plain code (workers, ranks). Any thread. put throws std::logic_error
   // after close() in this process.
-  void put(T item) { core_->put(encode(item), std::nullopt); }
+  void put(T item) { core_->put(encode_item(item), std::nullopt); }
   // false when the queue stayed full for `timeout`.
-  bool put(T item, std::chrono::nanoseconds timeout) { return core_->put(encode(item), detail::deadline_after(timeout)); }
+  bool put(T item, std::chrono::nanoseconds timeout) {
+    return core_->put(encode_item(item), detail::deadline_after(timeout));
+  }
   T get() { return *take_if(core_->get(std::nullopt)); }
   std::optional<T> get(std::chrono::nanoseconds timeout) { return take_if(core_->get(detail::deadline_after(timeout))); }
   std::optional<T> get_nowait() { return take_if(core_->get(std::chrono::steady_clock::now())); }
@@ -80,7 +88,7 @@ class Queue {
   // On the calling thread's loop; they resume inside the loop's turn that completed them.
   Task<void> async_put(T item) {
     auto core = core_;
-    co_await core->async_put(encode(item));
+    co_await core->async_put(encode_item(item));
   }
   Task<T> async_get() {
     auto core = core_;
@@ -95,11 +103,16 @@ class Queue {
   friend struct codec<Queue<T>>;
   explicit Queue(std::shared_ptr<detail::QueueCore> core) : core_(std::move(core)) {}
 
+  static Writer encode_item(const T& item) {
+    return detail::encode_queue_item([&](Writer& w) { w.write(item); });
+  }
   static T take(Message& message) {
-    Reader in = message.reader();
-    T item = in.read<T>();
-    in.expect_end();
-    return item;
+    std::optional<T> item;
+    detail::decode_queue_item(message, [&](Reader& in) {
+      item.emplace(in.read<T>());
+      in.expect_end();
+    });
+    return std::move(*item);
   }
   static std::optional<T> take_if(std::optional<Message> message) {
     if (!message) return std::nullopt;

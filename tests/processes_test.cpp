@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <cstdio>
+#include <fstream>
 #include <set>
 #include <string>
 #include <thread>
@@ -63,6 +65,15 @@ void consume_tensors(Queue<Tensor> q, Queue<std::vector<int>> seen, int count) {
   seen.put(ids);
 }
 
+// Tensors of 64 KiB (32 to a 2 MiB slab), the first float of each its number.
+void produce_large_tensors(Queue<Tensor> q, int count) {
+  for (int id = 0; id < count; ++id) {
+    Tensor t = Tensor::empty({16384}, DType::f32);
+    std::fill_n(t.data<float>(), 16384, static_cast<float>(id));
+    q.put(t);
+  }
+}
+
 void put_then_exit_at_once(Queue<Tensor> q, int id) {
   q.put(tensor_number(id));
   std::_Exit(0);  // no destructor, no flush: the item is the kernel's already
@@ -87,6 +98,21 @@ void arrive_and_pass(Barrier barrier, Queue<std::string> log) {
 
 void wait_then_report(Event go, Queue<int> report) {
   report.put(go.wait(10s) ? 1 : 0);
+}
+
+// The inode of the shared memory mapped at `address` in this process (0: none).
+unsigned long inode_mapped_at(const void* address) {
+  std::ifstream maps("/proc/self/maps");
+  auto at = reinterpret_cast<std::uintptr_t>(address);
+  for (std::string line; std::getline(maps, line);) {
+    std::uintptr_t begin = 0, end = 0;
+    unsigned long inode = 0;
+    char perms[8], offset[32], device[32];
+    if (std::sscanf(line.c_str(), "%lx-%lx %7s %31s %31s %lu", &begin, &end, perms, offset, device, &inode) == 6 &&
+        at >= begin && at < end)
+      return inode;
+  }
+  return 0;
 }
 
 class ProcessTest : public ::testing::TestWithParam<StartMethod> {
@@ -142,6 +168,21 @@ TEST_P(ProcessTest, AThousandTensorsFromTwoProducersReachTwoConsumersEachOnceAnd
     EXPECT_TRUE(p.join(10s));
     EXPECT_EQ(p.exitcode(), std::optional<int>(0));
   }
+}
+
+// A consumer that drops each tensor sends its block home: the producer's next tensors are
+// written into the same slab, which the consumer has mapped already.
+TEST_P(ProcessTest, TensorsThatTheConsumerDropsAreRecycledIntoTheSameSlab) {
+  Queue<Tensor> q(4);
+  Process p = start_process(options(), produce_large_tensors, q, 300);
+  std::set<unsigned long> slabs;
+  for (int i = 0; i < 300; ++i) {
+    Tensor t = q.get();
+    ASSERT_EQ(t.data<float>()[16383], static_cast<float>(i));
+    slabs.insert(inode_mapped_at(t.raw_data()));
+  }
+  EXPECT_TRUE(p.join(10s));
+  EXPECT_LE(slabs.size(), 2u) << "a new slab for every item: nothing came home";
 }
 
 TEST_P(ProcessTest, ATensorPutByAProducerThatExitsAtOnceArrives) {

@@ -110,12 +110,29 @@ void try_decode_with_descriptors(std::span<const std::byte> bytes) {
   }
 }
 
+// A queue item (its table of lent blocks, their slabs' and owner's descriptors) with descriptors
+// of every kind attached.
+void try_queue_item(std::span<const std::byte> bytes) {
+  static Descriptors* attached = new Descriptors();
+  fp::Message message;
+  message.payload = fp::Payload(std::vector<std::byte>(bytes.begin(), bytes.end()));
+  for (int fd : attached->fds) message.fds.emplace_back(fcntl(fd, F_DUPFD_CLOEXEC, 0));
+  try {
+    fp::detail::decode_queue_item(message, [](fp::Reader& in) {
+      fp::Tensor t = in.read<fp::Tensor>();
+      in.expect_end();
+    });
+  } catch (const fp::ProtocolError&) {
+  } catch (const std::invalid_argument&) {
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size == 0) return 0;
   auto bytes = std::as_bytes(std::span(data + 1, size - 1));
-  switch (data[0] % 21) {
+  switch (data[0] % 22) {
     case 0: try_decode<int>(bytes); break;
     case 1: try_decode<bool>(bytes); break;
     case 2: try_decode<std::string>(bytes); break;
@@ -142,6 +159,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     case 18: try_decode_with_descriptors<fp::Event>(bytes); break;
     case 19: try_decode_with_descriptors<fp::Lock>(bytes); break;
     case 20: try_decode_with_descriptors<fp::Barrier>(bytes); break;
+    case 21: try_queue_item(bytes); break;
   }
   return 0;
 }

@@ -1,0 +1,171 @@
+#include <forkpool/pool/internal/queue_memory.hpp>
+
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include <forkpool/runtime/error.hpp>
+#include <forkpool/runtime/internal/errno.hpp>
+#include <forkpool/runtime/internal/process.hpp>
+#include <forkpool/shm/internal/slab.hpp>
+
+namespace forkpool::detail {
+namespace {
+
+// Recently borrowed slabs stay mapped up to this much, so that the next block of a slab that
+// came before costs no mmap and no page faults.
+constexpr std::size_t kKeptBytes = 256 << 20;
+
+struct ReleaseEntry {
+  std::uint64_t slab, offset, count;
+};
+
+[[noreturn]] void broken(const std::string& what) { throw ProtocolError("forkpool: queue item: " + what); }
+
+}  // namespace
+
+std::shared_ptr<QueueMemory> QueueMemory::instance() {
+  static std::mutex mutex;
+  static std::shared_ptr<QueueMemory> memory;
+  static pid_t owner = 0;
+  std::lock_guard lock(mutex);
+  if (!memory || owner != current_pid()) {
+    if (memory) new std::shared_ptr<QueueMemory>(std::move(memory));  // the parent's: never touched here
+    memory = std::make_shared<QueueMemory>();
+    owner = current_pid();
+  }
+  return memory;
+}
+
+QueueMemory::QueueMemory() {
+  int ends[2];
+  if (socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, ends) != 0)
+    throw_last_errno("forkpool: queue release socket");
+  releases_in_ = UniqueFd(ends[0]);
+  releases_out_ = UniqueFd(ends[1]);
+}
+
+void QueueMemory::came_home(std::uint64_t slab, std::uint64_t offset, std::uint64_t count) {
+  auto it = lent_.find({slab, offset});
+  if (it == lent_.end()) return;  // not lent (a confused or hostile consumer): nothing to undo
+  it->second.count -= std::min(count, it->second.count);
+  if (it->second.count == 0) lent_.erase(it);  // our hold ends: the block goes home when we drop it too
+}
+
+void QueueMemory::collect_releases() {
+  std::vector<ReleaseEntry> entries(256);
+  for (;;) {
+    ssize_t n = recv(releases_in_.get(), entries.data(), entries.size() * sizeof(ReleaseEntry), MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return;  // EAGAIN: nothing more
+    }
+    for (std::size_t i = 0; i < static_cast<std::size_t>(n) / sizeof(ReleaseEntry); ++i)
+      came_home(entries[i].slab, entries[i].offset, entries[i].count);
+  }
+}
+
+void QueueMemory::lend(Writer& item, const OutgoingBlocks& blocks) {
+  std::lock_guard lock(mutex_);
+  collect_releases();
+  const auto& storages = blocks.storages();
+  if (!storages.empty()) {
+    for (const auto& storage : storages) {
+      Slab* slab = storage->slab();
+      item.write(item.attach_fd(slab->fd(), slab->shared_from_this()));
+      Lent& held = lent_[{slab->id(), storage->slab_offset()}];
+      held.storage = storage;
+      ++held.count;
+    }
+    item.write(item.attach_fd(releases_out_.get()));
+  }
+  blocks.write_table(item);
+}
+
+std::shared_ptr<UniqueFd> QueueMemory::owner_socket(UniqueFd fd) {
+  struct stat st {};
+  int type = 0;
+  socklen_t size = sizeof type;
+  if (fstat(fd.get(), &st) != 0 || getsockopt(fd.get(), SOL_SOCKET, SO_TYPE, &type, &size) != 0 || type != SOCK_DGRAM)
+    broken("the owner's release descriptor is not a datagram socket");
+  if (auto known = owners_[st.st_ino].lock()) return known;
+  auto socket = std::make_shared<UniqueFd>(std::move(fd));
+  owners_[st.st_ino] = socket;
+  return socket;
+}
+
+void QueueMemory::keep_mapped(const std::shared_ptr<Slab>& slab) {
+  auto it = std::find(kept_.begin(), kept_.end(), slab);
+  if (it != kept_.end()) {
+    kept_.erase(it);  // most recent last
+  } else {
+    kept_bytes_ += slab->size();
+  }
+  kept_.push_back(slab);
+  while (kept_bytes_ > kKeptBytes && kept_.size() > 1) {
+    kept_bytes_ -= kept_.front()->size();
+    kept_.erase(kept_.begin());
+  }
+}
+
+IncomingBlocks QueueMemory::borrow(std::span<const std::byte>& payload, std::vector<UniqueFd>& fds) {
+  TabledPayload split = split_block_table(payload);
+  payload = split.body;
+  if (split.table.empty()) return IncomingBlocks({});
+  std::size_t indices = (split.table.size() + 1) * sizeof(std::uint32_t);
+  if (payload.size() < indices) broken("its descriptor indices do not fit");
+  std::vector<std::uint32_t> index(split.table.size() + 1);
+  std::memcpy(index.data(), payload.data() + payload.size() - indices, indices);
+  payload = payload.first(payload.size() - indices);
+  auto take = [&](std::uint32_t at) {
+    if (at >= fds.size() || !fds[at]) broken("a descriptor index that is not attached");
+    return std::move(fds[at]);
+  };
+
+  std::lock_guard lock(mutex_);
+  send_pending();
+  std::shared_ptr<UniqueFd> owner = owner_socket(take(index.back()));
+  std::vector<std::shared_ptr<Storage>> storages;
+  for (std::size_t i = 0; i < split.table.size(); ++i) {
+    const BlockEntry& entry = split.table[i];
+    if (entry.offset > SIZE_MAX - entry.bytes) broken("a block past the end of memory");
+    std::shared_ptr<Slab> slab = Slab::adopt(take(index[i]), entry.offset + entry.bytes);
+    std::shared_ptr<Storage> storage = slab->receive_block(entry.offset, entry.bytes);
+    if (!storage) broken("a block that is not valid in its slab");
+    if (slab->owned()) {
+      came_home(slab->id(), entry.offset, 1);  // our own block, back through the queue
+    } else {
+      auto [it, first] = borrowed_.try_emplace(storage->id(), Borrowed{owner, entry.slab, entry.offset, 0});
+      ++it->second.count;
+      if (first) storage->notify_on_release(shared_from_this());
+      keep_mapped(slab);
+    }
+    storages.push_back(std::move(storage));
+  }
+  return IncomingBlocks(std::move(storages));
+}
+
+void QueueMemory::send_pending() {
+  std::erase_if(pending_, [](auto& release) {
+    ssize_t n = send(release.first->get(), release.second.data(), release.second.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    return n >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != ENOBUFS);  // sent, or the owner is gone
+  });
+}
+
+void QueueMemory::storage_released(std::uint64_t storage_id) {
+  std::lock_guard lock(mutex_);
+  auto it = borrowed_.find(storage_id);
+  if (it == borrowed_.end()) return;
+  ReleaseEntry entry{it->second.slab, it->second.offset, it->second.count};
+  std::vector<std::byte> bytes(sizeof entry);
+  std::memcpy(bytes.data(), &entry, sizeof entry);
+  pending_.emplace_back(std::move(it->second.owner), std::move(bytes));
+  borrowed_.erase(it);
+  send_pending();
+}
+
+}  // namespace forkpool::detail
