@@ -310,6 +310,36 @@ TEST(QueueTest, PutAfterCloseIsALogicError) {
   EXPECT_EQ(q.get(), 1);
 }
 
+// Where threads meet: a Lock between the threads of one process, and tensors got from a queue
+// dropped on other threads (their releases go home from there). Also run under TSan.
+TEST(ThreadsTest, ALockSerializesThreadsAndQueueTensorsMayBeDroppedOnAnyThread) {
+  Lock lock;
+  long counter = 0;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&] {
+      for (int i = 0; i < 2000; ++i) {
+        std::lock_guard guard(lock);
+        ++counter;
+      }
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(counter, 8000);
+
+  Queue<Tensor> q(8);
+  Process p = start_process(produce_large_tensors, q, 200);
+  threads.clear();
+  for (int t = 0; t < 2; ++t)
+    threads.emplace_back([&] {
+      for (int i = 0; i < 100; ++i) {
+        Tensor got = q.get();  // dropped here, on this thread
+        EXPECT_EQ(got.numel(), 16384);
+      }
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_TRUE(p.join(10s));
+}
+
 // What another process sends in place of a queue or a lock: a descriptor of the wrong kind.
 template <class T>
 void expect_refused_with(int fd) {
