@@ -97,6 +97,12 @@ if pool:
         py = python_figure("py_pool.txt", r"Pool.map 1e6 ints, " + pattern)
         row(f"pool: map of 1e6 ints, {label}", f"{rate:.1f} M items/s",
             f"{rate / py:.1f}x CPython Pool ({py} M/s; target >= 20)" if py else "")
+    longs = pool.get("BM_Map1MLongs/10000/real_time")
+    py = python_figure("py_pool.txt", r"Pool.map 1e6 ints, chunksize 10000: ([\d.]+) M")
+    if longs:
+        rate = longs["items_per_second"] / 1e6
+        row("pool: map of 1e6 longs, chunksize 10000", f"{rate:.1f} M items/s",
+            f"{rate / py:.1f}x CPython Pool ({py} M/s; target >= 20)" if py else "")
     cancel = pool.get("BM_StopToReplacementServing/0/iterations:50/manual_time")
     killed = pool.get("BM_StopToReplacementServing/1/iterations:50/manual_time")
     if cancel and killed:

@@ -135,6 +135,21 @@ void BM_Map1MInts(benchmark::State& state) {
 }
 BENCHMARK(BM_Map1MInts)->Arg(0)->Arg(10000)->UseRealTime()->Unit(benchmark::kMillisecond);
 
+long square_long(long x) { return x * x; }
+
+// The same with longs: a chunk of 10,000 is 80 KB, past the inline payload (issue 11's case).
+void BM_Map1MLongs(benchmark::State& state) {
+  fp::Pool pool({.processes = 2});
+  std::vector<long> xs(1'000'000);
+  std::iota(xs.begin(), xs.end(), 0L);
+  for (auto _ : state) {
+    std::vector<long> ys = fp::run(pool.map(square_long, xs, static_cast<std::size_t>(state.range(0))));
+    benchmark::DoNotOptimize(ys.data());
+  }
+  state.SetItemsProcessed(state.iterations() * xs.size());
+}
+BENCHMARK(BM_Map1MLongs)->Arg(10000)->UseRealTime()->Unit(benchmark::kMillisecond);
+
 // CPU-bound map at P = cores: efficiency = time on 1 process / (P × time on P).
 void BM_CpuBoundMapEfficiency(benchmark::State& state) {
   int cores = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
