@@ -111,21 +111,27 @@ Task<void> QueueCore::async_put(Writer item) {
   }
 }
 
+std::optional<Message> QueueCore::try_take() {
+  std::lock_guard turn(receiving_);
+  std::optional<Message> item = get_end_.try_receive();
+  if (item) give_token();
+  return item;
+}
+
 std::optional<Message> QueueCore::get(Deadline deadline) {
   for (;;) {
-    if (std::optional<Message> item = get_end_.try_receive()) {
-      give_token();
-      return item;
-    }
+    if (std::optional<Message> item = try_take()) return item;
     // Another consumer may take the item poll() saw: then wait again.
     if (!wait_for_fd(get_end_.fd(), POLLIN, deadline, "forkpool: Queue::get")) return std::nullopt;
   }
 }
 
 Task<Message> QueueCore::async_get() {
-  Message item = co_await get_end_.async_receive();
-  give_token();
-  co_return item;
+  for (;;) {
+    if (std::optional<Message> item = try_take()) co_return std::move(*item);
+    int rc = co_await wait_readable(get_end_.fd());
+    if (rc < 0) throw std::system_error(-rc, std::generic_category(), "forkpool: Queue::async_get");
+  }
 }
 
 void QueueCore::encode(Writer& w, const std::shared_ptr<const QueueCore>& self) const {

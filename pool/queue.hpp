@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 
@@ -32,6 +33,7 @@ void decode_queue_item(Message& message, const std::function<void(Reader&)>& rea
 
 // The untyped queue: items as messages on a socketpair (put into one end, got from the other),
 // and, when bounded, one token per free place in a pipe (put takes one, get gives one back).
+// Any thread: puts build a frame each; gets wait with poll() and then take turns to receive.
 using Deadline = std::optional<std::chrono::steady_clock::time_point>;  // none: for ever
 Deadline deadline_after(std::chrono::nanoseconds timeout);               // nanoseconds::max(): none
 
@@ -57,9 +59,13 @@ class QueueCore {
   bool take_token(Deadline deadline);
   void give_token();
   void check_open() const;
+  // One item if one is waiting, never blocking. The channel's receive buffer is one per
+  // channel: the threads of this process take turns (they never wait while holding the turn).
+  std::optional<Message> try_take();
 
   std::size_t maxsize_;
   Channel put_end_, get_end_;
+  std::mutex receiving_;  // try_take()
   UniqueFd tokens_out_, tokens_in_;  // read a token from out; write one into in
   bool closed_ = false;
 };
