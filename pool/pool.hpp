@@ -249,6 +249,10 @@ class Pool {
   int processes() const;
   std::vector<pid_t> worker_pids() const;
 
+ protected:
+  // A pool with a core of another kind (mpi::Pool).
+  explicit Pool(std::shared_ptr<detail::PoolCore> core) : core_(std::move(core)) {}
+
  private:
   template <bool Spread, class F, class Range>
   auto map_chunks(F f, Range&& inputs, std::size_t chunksize) {

@@ -79,6 +79,7 @@ class IncomingBlocks final : public StorageConversation {
   std::shared_ptr<Storage> block_at(std::uint32_t index) const override {
     return index < storages_.size() ? storages_[index] : nullptr;
   }
+  const std::vector<std::shared_ptr<Storage>>& storages() const noexcept { return storages_; }
 
  private:
   std::vector<std::shared_ptr<Storage>> storages_;
