@@ -158,7 +158,7 @@ TEST_F(MpiTest, ARankRunningAnotherBuildIsABuildMismatchAtInitOnEveryRank) {
   std::string job = job_path("FORKPOOL_MPI_JOB"), other = job_path("FORKPOOL_MPI_JOB_OTHER");
   Outcome outcome = run_mpirun({"-n", "2", job, "map", ":", "-n", "1", other, "map"}, std::chrono::seconds(60), {},
                                [](pid_t, const std::string&) {});
-  EXPECT_NE(outcome.exit_code, 0) << outcome.output;
+  EXPECT_EQ(outcome.exit_code, 0) << outcome.output;  // each rank caught it (mpi_job.cpp)
   std::size_t count = 0;
   for (std::size_t at = outcome.output.find("BuildMismatch: "); at != std::string::npos;
        at = outcome.output.find("BuildMismatch: ", at + 1))
