@@ -1,5 +1,7 @@
 #include <forkpool/mpi/internal/hub.hpp>
 
+#include <cstdio>
+
 #include <forkpool/mpi/internal/mpi_pool_core.hpp>
 #include <forkpool/mpi/internal/polling.hpp>
 #include <forkpool/mpi/internal/world.hpp>
@@ -47,8 +49,13 @@ bool Hub::step() {
   bool any = transport.progress();
   while (auto message = transport.try_receive()) {
     any = true;
-    Reader r(message->payload);
-    route(message->source, r);
+    try {
+      Reader r(message->payload);
+      route(message->source, r);
+    } catch (const ProtocolError& e) {
+      // A rank runs our own build, so this is a bug, not an attack: say so and keep serving.
+      std::fprintf(stderr, "forkpool::mpi: a malformed message from rank %d was dropped: %s\n", message->source, e.what());
+    }
   }
   return any;
 }

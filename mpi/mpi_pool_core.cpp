@@ -22,10 +22,13 @@ class LocalSink final : public JobSink {
   LocalSink(std::shared_ptr<JobSink> target, std::weak_ptr<MpiPoolCore> core, std::uint64_t elements)
       : target_(std::move(target)), core_(std::move(core)), remaining_(elements) {}
 
+  // The node is told first: a coroutine the results resume may submit at once, and should find
+  // the worker free.
   void chunk_done(std::size_t chunk, const ElementRange& range, Reader& results) override {
-    target_->chunk_done(chunk, range, results);
+    auto self = shared_from_this();
     remaining_ -= std::min(remaining_, range.size());
     if (remaining_ == 0) finish();
+    target_->chunk_done(chunk, range, results);
   }
   void chunk_failed(std::size_t chunk, std::exception_ptr error) override {
     target_->chunk_failed(chunk, std::move(error));
@@ -238,18 +241,16 @@ void MpiPoolCore::on_done(int source, Reader& r) {
   auto job = it->second.job;
   std::size_t size = r.read_count(1, "result bytes");
   Reader results(r.read_span(size), {}, &blocks);
-  bool last = false;
   try {
     if (first > end || end > job->range.count) throw ProtocolError("forkpool::mpi: a result for elements outside its chunk");
+    // The node is freed first, as for a local job.
     it->second.remaining -= std::min(it->second.remaining, end - first);
-    last = it->second.remaining == 0;
+    if (it->second.remaining == 0) finish_remote(id);
     job->sink->chunk_done(job->chunk, ElementRange{job->range.count, first, end}, results);
   } catch (const Error&) {
     finish_remote(id);
     job->sink->chunk_failed(job->chunk, std::current_exception());
-    return;
   }
-  if (last) finish_remote(id);
 }
 
 void MpiPoolCore::on_failed(Reader& r) {

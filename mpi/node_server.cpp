@@ -1,5 +1,6 @@
 #include <forkpool/mpi/internal/node_server.hpp>
 
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -72,25 +73,33 @@ class NodeServer {
     bool any = world_.transport.progress();
     while (auto message = world_.transport.try_receive()) {
       any = true;
-      Reader r(message->payload);
-      auto kind = r.read<Kind>();
-      if (kind == Kind::shutdown) {
-        for (auto& [id, pool] : pools_) pool.core->shut_down();
-        pools_.clear();
-        stopping_ = true;
-        continue;
-      }
-      auto pool = r.read<std::uint64_t>();
-      switch (kind) {
-        case Kind::open: open(pool, r.read<PoolSettings>()); break;
-        case Kind::job: run_job(pool, r); break;
-        case Kind::cancel: cancel(pool, r.read<std::uint64_t>()); break;
-        case Kind::close:
-        case Kind::terminate: finish(pool, kind == Kind::terminate); break;
-        default: throw ProtocolError("forkpool::mpi: a node was sent a message meant for rank 0");
+      try {
+        handle(*message);
+      } catch (const ProtocolError& e) {
+        std::fprintf(stderr, "forkpool::mpi: rank %d dropped a malformed message: %s\n", world_.rank, e.what());
       }
     }
     return any;
+  }
+
+  void handle(const Received& message) {
+    Reader r(message.payload);
+    auto kind = r.read<Kind>();
+    if (kind == Kind::shutdown) {
+      for (auto& [id, pool] : pools_) pool.core->shut_down();
+      pools_.clear();
+      stopping_ = true;
+      return;
+    }
+    auto pool = r.read<std::uint64_t>();
+    switch (kind) {
+      case Kind::open: open(pool, r.read<PoolSettings>()); break;
+      case Kind::job: run_job(pool, r); break;
+      case Kind::cancel: cancel(pool, r.read<std::uint64_t>()); break;
+      case Kind::close:
+      case Kind::terminate: finish(pool, kind == Kind::terminate); break;
+      default: throw ProtocolError("forkpool::mpi: a node was sent a message meant for rank 0");
+    }
   }
 
   void open(std::uint64_t pool, const PoolSettings& settings) {
