@@ -30,20 +30,13 @@ SpawnedWorker fork_worker(const WorkerSpec& spec, int index, UniqueFd channel) {
   pid_t pid = fork_helper();
   if (pid < 0) throw_last_errno("forkpool: fork");
   if (pid == 0) worker_main(spec, index, parent, std::move(channel));
-  try {
-    return {pid, open_pidfd(pid), std::move(objects)};  // our unreaped child: its pid cannot be recycled yet
-  } catch (...) {
-    kill(pid, SIGKILL);  // a worker we cannot watch must not run
-    waitpid(pid, nullptr, 0);
-    throw;
-  }
+  return {pid, watch_child(pid), std::move(objects)};
 }
 
 class ForkLauncher final : public Launcher {
  public:
   explicit ForkLauncher(WorkerSpec spec) : spec_(std::move(spec)) {}
   SpawnedWorker spawn(int index, UniqueFd channel) override { return fork_worker(spec_, index, std::move(channel)); }
-  ExitStatus reap(const SpawnedWorker& worker) override { return detail::reap(worker.pidfd.get()); }
 
  private:
   WorkerSpec spec_;
@@ -125,6 +118,25 @@ class ZygoteChildren {
   std::pair<std::uint64_t, pid_t> last_spawn_{0, -1};
 };
 
+// A server's answer to a request to start a child: `start()` makes it (throwing std::system_error
+// when it cannot), the reply is [int64 pid or -errno] with the child's pidfd, and `children`
+// reaps it when it exits. A failed start (a transient EAGAIN) fails this request, not the server.
+template <class Start>
+void start_child_and_reply(Channel& control, const Message& request, ZygoteChildren& children, Start start) {
+  std::int64_t pid_or_error;
+  std::optional<SpawnedWorker> child;
+  try {
+    child.emplace(start());
+    pid_or_error = child->pid;
+  } catch (const std::system_error& e) {
+    pid_or_error = -e.code().value();
+  }
+  int pidfd = child ? child->pidfd.get() : -1;
+  control.send(request.kind, request.request_id, encode(pid_or_error).bytes(),
+               child ? std::span(&pidfd, 1) : std::span<const int>());
+  if (child) children.add(request.request_id, std::move(*child));
+}
+
 [[noreturn]] void zygote_main(const WorkerSpec& spec, pid_t parent, UniqueFd control_fd) noexcept {
   int fd = become_helper_process("forkpool-zygote", parent, control_fd.release());
   Slab::unmap_inherited();  // the workers it forks must not keep the parent's freed slabs alive
@@ -137,18 +149,7 @@ class ZygoteChildren {
       Reader in = request.reader();
       if (request.kind == kSpawnRequest && request.fds.size() == 1) {
         int index = in.read<int>();
-        std::int64_t pid_or_error;
-        std::optional<SpawnedWorker> child;
-        try {
-          child.emplace(fork_worker(spec, index, std::move(request.fds[0])));
-          pid_or_error = child->pid;
-        } catch (const std::system_error& e) {
-          pid_or_error = -e.code().value();  // a transient EAGAIN fails this start, not the server
-        }
-        int pidfd = child ? child->pidfd.get() : -1;
-        control.send(kSpawnRequest, request.request_id, encode(pid_or_error).bytes(),
-                     child ? std::span(&pidfd, 1) : std::span<const int>());
-        if (child) children.add(request.request_id, std::move(*child));
+        start_child_and_reply(control, request, children, [&] { return fork_worker(spec, index, std::move(request.fds[0])); });
       } else if (request.kind == kReapRequest) {
         ExitStatus status = children.take_status(static_cast<pid_t>(in.read<std::int64_t>()));
         control.send(kReapRequest, request.request_id, encode(std::pair<int, int>(status.exit_code, status.signal)).bytes());
@@ -190,6 +191,7 @@ using StartForkServer = std::tuple<int, std::uint64_t, std::string, ObjectRecord
       auto [maxtasksperchild, initializer, process_name, record] = decode<StartForkServer>(request.payload.bytes());
       pid_t server = getpid();
       pid_t pid = fork_helper();
+      int fork_error = errno;
       if (pid == 0) {
         UniqueFd pool_control = std::move(request.fds[0]);
         control.release().reset();
@@ -206,23 +208,10 @@ using StartForkServer = std::tuple<int, std::uint64_t, std::string, ObjectRecord
         }
         zygote_main(spec, server, std::move(pool_control));
       }
-      std::optional<SpawnedWorker> child;
-      std::int64_t pid_or_error = pid;
-      if (pid < 0) {
-        pid_or_error = -errno;
-      } else {
-        try {
-          child.emplace(SpawnedWorker{pid, open_pidfd(pid), nullptr});
-        } catch (const std::system_error& e) {
-          kill(pid, SIGKILL);
-          waitpid(pid, nullptr, 0);
-          pid_or_error = -e.code().value();
-        }
-      }
-      int pidfd = child ? child->pidfd.get() : -1;
-      control.send(kStartForkServer, request.request_id, encode(pid_or_error).bytes(),
-                   child ? std::span(&pidfd, 1) : std::span<const int>());
-      if (child) children.add(request.request_id, std::move(*child));
+      start_child_and_reply(control, request, children, [&] {
+        if (pid < 0) throw std::system_error(fork_error, std::generic_category(), "fork");
+        return SpawnedWorker{pid, watch_child(pid), nullptr};
+      });
     }
   } catch (const ChannelClosed&) {
     exit_helper(0);

@@ -101,14 +101,8 @@ class SpawnLauncher final : public Launcher {
     int bootstrap_fd = theirs.fd();
     pid_t pid = spawn_self(bootstrap_fd, environment_for_child({std::string(kSpawnMarker) + "=" + std::to_string(bootstrap_fd)}));
     theirs.release();  // the child has it now
-    SpawnedWorker worker{pid, {}, std::move(bases)};
-    try {
-      worker.pidfd = open_pidfd(pid);
-    } catch (...) {
-      kill(pid, SIGKILL);  // a worker we cannot watch must not run
-      waitpid(pid, nullptr, 0);
-      throw;
-    }
+    SpawnedWorker worker{pid, watch_child(pid), std::move(bases)};
+    bool reaped = false;  // wait_until_ready() reaps a worker that exited before it was ready
     try {
       auto initializer = reinterpret_cast<std::uintptr_t>(spec_.initializer.plain());
       std::vector<int> fds{channel.get()};
@@ -117,21 +111,22 @@ class SpawnLauncher final : public Launcher {
                 encode(Bootstrap(index, getpid(), spec_.maxtasksperchild, initializer, spec_.process_name, std::move(records)))
                     .bytes(),
                 fds);
-      wait_until_ready(ours, worker, index);
+      wait_until_ready(ours, worker, index, reaped);
     } catch (...) {
-      send_signal(worker.pidfd.get(), SIGKILL);
-      detail::reap(worker.pidfd.get());
+      if (!reaped) {
+        send_signal(worker.pidfd.get(), SIGKILL);
+        detail::reap(worker.pidfd.get());
+      }
       throw;
     }
     return worker;
   }
 
-  ExitStatus reap(const SpawnedWorker& worker) override { return detail::reap(worker.pidfd.get()); }
 
  private:
   // Returns once the worker read its bootstrap; throws Error when it exits (or closes the
-  // socket, or stalls) first.
-  static void wait_until_ready(Channel& bootstrap, const SpawnedWorker& worker, int index) {
+  // socket, or stalls) first, having reaped it (`reaped`) if it exited.
+  static void wait_until_ready(Channel& bootstrap, const SpawnedWorker& worker, int index, bool& reaped) {
     auto deadline = std::chrono::steady_clock::now() + kStartLimit;
     std::string prefix = "forkpool: spawned worker " + std::to_string(index) + " (pid " + std::to_string(worker.pid) + ") ";
     for (;;) {
@@ -157,6 +152,7 @@ class SpawnLauncher final : public Launcher {
       pollfd exited{worker.pidfd.get(), POLLIN, 0};
       if (poll(&exited, 1, 2000) <= 0) throw Error(prefix + "closed its bootstrap socket before reaching forkpool::init(): " + kCallInitFirst);
       ExitStatus status = detail::reap(worker.pidfd.get());
+      reaped = true;
       std::string how = status.signal ? "was killed by signal " + std::to_string(status.signal)
                                       : "exited with code " + std::to_string(status.exit_code);
       if (status.exit_code == 127) how += " (it could not be executed)";

@@ -105,6 +105,16 @@ UniqueFd open_pidfd(pid_t pid) {
   return UniqueFd(fd);  // pidfds are close-on-exec from birth
 }
 
+UniqueFd watch_child(pid_t pid) {
+  try {
+    return open_pidfd(pid);
+  } catch (...) {
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    throw;
+  }
+}
+
 ExitStatus reap(int pidfd) {
   siginfo_t info{};
   int rc;

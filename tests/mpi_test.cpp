@@ -136,6 +136,12 @@ TEST_F(MpiTest, OnOneNodeATensorArrivesAsTheSameMemory) {
   expect_all_ok(run_job("tensors", false));
 }
 
+TEST_F(MpiTest, CancelTimeoutsTerminateAndJoinWorkOnEveryNode) {
+  Outcome outcome = run_job("control", true);
+  expect_all_ok(outcome);
+  EXPECT_NE(outcome.output.find("ok cancel() stops a task on every node (3)"), std::string::npos) << outcome.output;
+}
+
 TEST_F(MpiTest, AWorkerKilledUnderARankIsWorkerLostOrARetryAndTheJobGoesOn) {
   auto marker = std::filesystem::temp_directory_path() / ("forkpool-mpi-marker-" + std::to_string(getpid()));
   std::filesystem::remove(marker);

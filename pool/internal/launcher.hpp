@@ -28,8 +28,9 @@ class Launcher {
   virtual ~Launcher() = default;
   // Starts worker `index` serving `channel` (the worker's end). Throws std::system_error.
   virtual SpawnedWorker spawn(int index, UniqueFd channel) = 0;
-  // Collects the exit status of a worker whose pidfd turned readable.
-  virtual ExitStatus reap(const SpawnedWorker& worker) = 0;
+  // Collects the exit status of a worker whose pidfd turned readable: through the pidfd, for a
+  // worker that is our own child; a fork server launcher asks the server that forked it.
+  virtual ExitStatus reap(const SpawnedWorker& worker) { return detail::reap(worker.pidfd.get()); }
 };
 
 // Starts the program's fork server (forkpool::init()), once: every later fork server launcher

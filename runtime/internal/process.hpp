@@ -22,6 +22,11 @@ pid_t current_pid() noexcept;
 // A pidfd for `pid`, close-on-exec. Throws std::system_error.
 UniqueFd open_pidfd(pid_t pid);
 
+// The pidfd of our new child `pid` (unreaped, so its pid cannot be recycled meanwhile). When none
+// can be opened the child is killed and reaped, and the error rethrown: a child we cannot watch
+// must not run.
+UniqueFd watch_child(pid_t pid);
+
 // Reaps the exited child behind `pidfd` (which must be readable). If it is not our child (or
 // a host's SIGCHLD handling reaped it first), the status is unknown: exit code -1, signal 0.
 ExitStatus reap(int pidfd);

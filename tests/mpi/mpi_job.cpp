@@ -88,6 +88,12 @@ int kill_my_rank(int x) {
   return x;
 }
 
+// Sleeps, then says which rank's node ran it.
+int sleep_ms(int ms) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  return my_rank();
+}
+
 std::vector<int> ints(int n) {
   std::vector<int> v(static_cast<std::size_t>(n));
   std::iota(v.begin(), v.end(), 0);
@@ -189,6 +195,53 @@ fp::Task<void> idle() {
   check(true, "idle");
 }
 
+// cancel(), timeouts, terminate() and join() on a pool over every node (blocking API).
+void control() {
+  using Clock = std::chrono::steady_clock;
+  fp::mpi::Pool pool({.processes = 1});
+  std::vector<fp::AsyncResult<int>> sleepers;
+  for (int i = 0; i < fp::mpi::node_count(); ++i) sleepers.push_back(pool.apply_async(sleep_ms, 20000));
+  (void)sleepers[0].wait(std::chrono::milliseconds(300));  // they reach their nodes' workers
+  auto start = Clock::now();
+  for (auto& sleeper : sleepers) sleeper.cancel();
+  int cancelled = 0;
+  for (auto& sleeper : sleepers) {
+    try {
+      sleeper.get();
+    } catch (const fp::Cancelled&) {
+      ++cancelled;
+    }
+  }
+  check(cancelled == fp::mpi::node_count(), "cancel() stops a task on every node (" + std::to_string(cancelled) + ")");
+  auto ranks = pool.map_async(rank_of, ints(60), 1).get();
+  check(std::set<int>(ranks.begin(), ranks.end()).size() == static_cast<std::size_t>(fp::mpi::node_count()) &&
+            Clock::now() - start < std::chrono::seconds(10),
+        "the cancelled tasks' workers were stopped: every node serves again at once");
+
+  auto slow = pool.apply_async(sleep_ms, 400);
+  bool timed_out = false;
+  try {
+    slow.get(std::chrono::milliseconds(50));
+  } catch (const fp::TimeoutError&) {
+    timed_out = true;
+  }
+  (void)slow.get();
+  check(timed_out, "get(timeout) throws TimeoutError, and the result still comes");
+
+  auto pending = pool.map_async(sleep_ms, std::vector<int>(20, 1000), 1);
+  (void)pending.wait(std::chrono::milliseconds(200));
+  pool.terminate();
+  bool terminated = false;
+  try {
+    (void)pending.get();
+  } catch (const fp::PoolTerminated&) {
+    terminated = true;
+  }
+  check(terminated, "terminate() fails the pending work with PoolTerminated");
+  fp::run(pool.join());
+  check(Clock::now() - start < std::chrono::seconds(20), "join() after terminate() returns once every node has stopped");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -202,6 +255,14 @@ int main(int argc, char** argv) {
     return 0;
   }
   std::string scenario = argc > 1 ? argv[1] : "";
+  if (scenario == "control") {
+    try {
+      control();
+    } catch (const std::exception& e) {
+      check(false, std::string("unexpected exception: ") + e.what());
+    }
+    return failures == 0 ? 0 : 1;
+  }
   fp::Task<void> (*run)() = scenario == "map" ? map_and_apply
                             : scenario == "tensors" ? tensors
                             : scenario == "worker_killed" ? worker_killed
@@ -209,7 +270,7 @@ int main(int argc, char** argv) {
                             : scenario == "idle" ? idle
                                                  : nullptr;
   if (!run) {
-    std::fprintf(stderr, "usage: mpi_job map|tensors|worker_killed|rank_killed|idle\n");
+    std::fprintf(stderr, "usage: mpi_job map|tensors|worker_killed|rank_killed|idle|control\n");
     return 2;
   }
   try {
