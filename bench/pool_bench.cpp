@@ -127,10 +127,13 @@ void BM_Map1MInts(benchmark::State& state) {
   fp::Pool pool({.processes = 2});
   std::vector<int> xs(1'000'000);
   std::iota(xs.begin(), xs.end(), 0);
+  std::vector<int> ys;
   for (auto _ : state) {
-    std::vector<int> ys = fp::run(pool.map(square, xs, static_cast<std::size_t>(state.range(0))));
+    ys = fp::run(pool.map(square, xs, static_cast<std::size_t>(state.range(0))));
     benchmark::DoNotOptimize(ys.data());
   }
+  for (std::size_t i = 0; i < xs.size(); i += 997)
+    if (ys[i] != square(xs[i])) state.SkipWithError("a wrong result");
   state.SetItemsProcessed(state.iterations() * xs.size());
 }
 BENCHMARK(BM_Map1MInts)->Arg(0)->Arg(10000)->UseRealTime()->Unit(benchmark::kMillisecond);
@@ -142,10 +145,13 @@ void BM_Map1MLongs(benchmark::State& state) {
   fp::Pool pool({.processes = 2});
   std::vector<long> xs(1'000'000);
   std::iota(xs.begin(), xs.end(), 0L);
+  std::vector<long> ys;
   for (auto _ : state) {
-    std::vector<long> ys = fp::run(pool.map(square_long, xs, static_cast<std::size_t>(state.range(0))));
+    ys = fp::run(pool.map(square_long, xs, static_cast<std::size_t>(state.range(0))));
     benchmark::DoNotOptimize(ys.data());
   }
+  for (std::size_t i = 0; i < xs.size(); i += 997)
+    if (ys[i] != square_long(xs[i])) state.SkipWithError("a wrong result");
   state.SetItemsProcessed(state.iterations() * xs.size());
 }
 BENCHMARK(BM_Map1MLongs)->Arg(10000)->UseRealTime()->Unit(benchmark::kMillisecond);

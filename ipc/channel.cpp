@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <string>
 #include <system_error>
 
@@ -38,18 +39,37 @@ long sendmsg_retrying(int fd, const OutgoingFrame& frame, int flags) {
 std::pair<Channel, Channel> Channel::make_pair() {
   int fds[2];
   if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, fds) < 0) detail::throw_last_errno("forkpool: socketpair");
-  return {Channel(UniqueFd(fds[0])), Channel(UniqueFd(fds[1]))};
+  std::pair<Channel, Channel> ends{Channel(UniqueFd(fds[0])), Channel(UniqueFd(fds[1]))};
+  // Room for an inline payload of kInlinePayloadMax (the kernel caps this at net.core.wmem_max
+  // and doubles it; inline_limit() reads back what it got).
+  int wanted = static_cast<int>(kInlinePayloadMax + 4096);
+  for (int fd : fds) (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &wanted, sizeof wanted);
+  return ends;
+}
+
+std::size_t Channel::inline_limit() {
+  if (inline_limit_ == kUnknownLimit) {
+    // A unix datagram of more than the send buffer less 32 bytes is EMSGSIZE.
+    constexpr std::size_t kSpare = 512 + sizeof(FrameHeader);
+    int sndbuf = 0;
+    socklen_t length = sizeof sndbuf;
+    std::size_t fits = 0;  // a descriptor we cannot ask: every payload through a memfd
+    if (getsockopt(fd_.get(), SOL_SOCKET, SO_SNDBUF, &sndbuf, &length) == 0 && static_cast<std::size_t>(sndbuf) > kSpare)
+      fits = static_cast<std::size_t>(sndbuf) - kSpare;
+    inline_limit_ = std::min(fits, kInlinePayloadMax);
+  }
+  return inline_limit_;
 }
 
 void Channel::send(std::uint16_t kind, std::uint64_t request_id, std::span<const std::byte> payload,
                    std::span<const int> fds) {
-  OutgoingFrame frame(kind, request_id, payload, fds);
+  OutgoingFrame frame(kind, request_id, payload, fds, inline_limit());
   check_sent(sendmsg_retrying(fd_.get(), frame, kSendFlags), frame);
 }
 
 bool Channel::try_send(std::uint16_t kind, std::uint64_t request_id, std::span<const std::byte> payload,
                        std::span<const int> fds) {
-  OutgoingFrame frame(kind, request_id, payload, fds);
+  OutgoingFrame frame(kind, request_id, payload, fds, inline_limit());
   long rc = sendmsg_retrying(fd_.get(), frame, kSendFlags | MSG_DONTWAIT);
   if (rc == -EAGAIN || rc == -EWOULDBLOCK) return false;
   check_sent(rc, frame);
@@ -73,7 +93,7 @@ std::optional<Message> Channel::try_receive() {
 
 Task<void> Channel::async_send(std::uint16_t kind, std::uint64_t request_id, std::span<const std::byte> payload,
                                std::span<const int> fds, IoOptions options) {
-  OutgoingFrame frame(kind, request_id, payload, fds);
+  OutgoingFrame frame(kind, request_id, payload, fds, inline_limit());
   int rc = co_await async_sendmsg(fd_.get(), frame.message(), kSendFlags, options);
   check_sent(rc, frame);
 }

@@ -1,5 +1,6 @@
 #include <forkpool/pool/internal/worker.hpp>
 
+#include <malloc.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -47,6 +48,7 @@ void serve_task(Channel& channel, Message& task, PeerMemory& memory, RunningSlot
   }
   OutgoingBlocks reply;
   Writer out(&reply);
+  out.buffer() = take_spare_buffer();
   try {
     Reader arguments(call.elements, task.fds, &call.blocks);
     auto invoker = reinterpret_cast<Invoker>(objects.translate(reinterpret_cast<std::uintptr_t>(call.invoker)));
@@ -71,6 +73,7 @@ void serve_task(Channel& channel, Message& task, PeerMemory& memory, RunningSlot
   if (auto introduction = memory.lend(reply))
     channel.send(kSlabMessage, 0, introduction->payload.bytes(), introduction->fds);
   channel.send(kResultMessage, task.request_id, out.bytes(), out.fds());
+  give_back_buffer(std::move(out.buffer()));
 }
 
 // The parent's first message: who this worker is (worker_info()), and the slot it reports its
@@ -92,6 +95,12 @@ void worker_main(const WorkerSpec& spec, int index, pid_t parent, UniqueFd chann
   int fd = become_helper_process(name, parent, channel_fd.release());
   Channel channel{UniqueFd(fd)};
   Storage::forget_inherited();
+  // A worker allocates and frees a chunk's buffers (often 64 KiB – 1 MiB) per task. glibc would
+  // give the top of the heap back after each (brk, with a TLB shootdown on every core) and fault
+  // it in again for the next: keep it. The worker is our process; the initializer, run after,
+  // may still choose otherwise.
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
   int served = 0;
   auto memory = std::make_shared<PeerMemory>();  // shared memory between the parent and us
   try {

@@ -46,7 +46,12 @@ class Channel {
  private:
   FrameReceiver& receiver();
 
+  // The largest payload this socket sends inline: one datagram must fit in its send buffer.
+  std::size_t inline_limit();
+
   UniqueFd fd_;
+  std::size_t inline_limit_ = kUnknownLimit;
+  static constexpr std::size_t kUnknownLimit = ~std::size_t{0};
   // Heap-allocated on first receive: the buffers are large, the Channel moves, and a Channel
   // that only sends never needs them.
   std::unique_ptr<FrameReceiver> receiver_;

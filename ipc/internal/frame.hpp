@@ -14,6 +14,7 @@
 
 #include <forkpool/ipc/codec.hpp>
 #include <forkpool/ipc/internal/mapping.hpp>
+#include <forkpool/ipc/internal/spare_buffers.hpp>
 #include <forkpool/runtime/internal/unique_fd.hpp>
 
 namespace forkpool {
@@ -29,9 +30,11 @@ class ChannelClosed : public Error {
 
 // Most descriptors one message may carry (the kernel's SCM_MAX_FD is 253).
 inline constexpr std::size_t kMaxMessageFds = 250;
-// Largest payload sent inline; larger ones go through a sealed memfd (bench/ipc_bench measures
-// the crossover).
-inline constexpr std::size_t kInlinePayloadMax = 64 * 1024;
+// Largest payload sent inline; larger ones go through a sealed memfd. Inline costs two copies;
+// a fresh memfd costs a page fault per 4 KiB on each side and an munmap (on these VMs ~20 µs a
+// fault, 0.7 ms an munmap of 64 KiB), so inline wins up to the most a socket's send buffer takes
+// in one datagram (Channel::inline_limit(); bench/ipc_bench measures both).
+inline constexpr std::size_t kInlinePayloadMax = 256 * 1024;
 // Largest payload a receiver accepts at all.
 inline constexpr std::uint64_t kMaxPayload = std::uint64_t{1} << 40;
 
@@ -54,14 +57,18 @@ inline constexpr std::uint32_t kPayloadInMemfd = 1;
 class Payload {
  public:
   Payload() = default;
-  explicit Payload(std::vector<std::byte> bytes) : inline_(std::move(bytes)) {}
+  explicit Payload(ByteBuffer bytes) : inline_(std::move(bytes)) {}
+  explicit Payload(const std::vector<std::byte>& bytes) : inline_(bytes.begin(), bytes.end()) {}
   explicit Payload(Mapping mapping, std::size_t size) : mapped_(std::move(mapping)), mapped_size_(size) {}
+  Payload(Payload&&) noexcept = default;
+  Payload& operator=(Payload&&) noexcept = default;
+  ~Payload() { detail::give_back_buffer(std::move(inline_)); }  // the next message is copied into it
   std::span<const std::byte> bytes() const noexcept {
     return mapped_.data() ? std::span<const std::byte>(mapped_.data(), mapped_size_) : std::span<const std::byte>(inline_);
   }
 
  private:
-  std::vector<std::byte> inline_;
+  ByteBuffer inline_;
   Mapping mapped_;
   std::size_t mapped_size_ = 0;
 };
@@ -116,7 +123,7 @@ class FrameReceiver {
   Message finish(long result);
 
  private:
-  std::vector<std::byte> buffer_;
+  ByteBuffer buffer_;  // uninitialised: only what datagrams fill is ever paged in
   std::vector<std::byte> control_;
   iovec iov_{};
   msghdr msg_{};

@@ -7,6 +7,7 @@
 #include <memory>
 
 #include <forkpool/ipc/codec.hpp>
+#include <forkpool/ipc/internal/spare_buffers.hpp>
 #include <forkpool/pool/internal/peer_memory.hpp>
 
 namespace forkpool::detail {
@@ -44,6 +45,10 @@ struct Job {
   // A part of a chunk sent again after its worker died (job_part()): the job it came from,
   // whose blocks and attachments it uses.
   std::shared_ptr<Job> whole;
+
+  Job() = default;
+  Job(const Job&) = default;
+  ~Job() { give_back_buffer(std::move(payload)); }  // the next job is encoded into it
 
   Job& root() noexcept { return whole ? *whole : *this; }
 };

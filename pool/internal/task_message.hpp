@@ -205,6 +205,7 @@ std::shared_ptr<Job> job_part(const std::shared_ptr<Job>& job, std::uint64_t fir
 template <class F, class Element, bool Spread, class It, class End>
 std::size_t encode_task(Job& job, F f, It& it, const End& end, std::size_t limit) {
   Writer w(&job.blocks);  // tensors name their blocks in the job's table
+  w.buffer() = take_spare_buffer();
   w.write(static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(&Call<F, Element, Spread>::invoke)));
   w.write(static_cast<std::uint64_t>(function_bits(f)));
   std::size_t count = 0;
