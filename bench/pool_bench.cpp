@@ -82,7 +82,7 @@ void BM_ApplyAsyncRoundTripUnder(benchmark::State& state) {
 }
 BENCHMARK(BM_ApplyAsyncRoundTripUnder)->DenseRange(0, 2)->UseRealTime();
 
-// Set by nap() in the worker: memory shared with every worker, mapped before any pool forks.
+// Set by nap() in the worker: memory shared with every worker, mapped in main() before init().
 std::atomic<int>* naps_started() {
   static auto* started = new (mmap(nullptr, sizeof(std::atomic<int>), PROT_READ | PROT_WRITE,
                                    MAP_SHARED | MAP_ANONYMOUS, -1, 0)) std::atomic<int>(0);
@@ -99,7 +99,6 @@ int nap(int ms) {
 // task is cancelled (AsyncResult::cancel); 1: its worker is SIGKILLed from outside, the plain
 // replacement; both measured from the stop to the next task's result.
 void BM_StopToReplacementServing(benchmark::State& state) {
-  naps_started();
   fp::Pool pool({.processes = 1});
   for (auto _ : state) {
     int before = naps_started()->load();
@@ -201,6 +200,7 @@ BENCHMARK(BM_Imap10MFlatMemory)->Iterations(1)->UseRealTime()->Unit(benchmark::k
 }  // namespace
 
 int main(int argc, char** argv) {
+  naps_started();  // before init(): the program's fork server, every worker's ancestor, must share it
   fp::init();  // spawned workers serve from here; later pools fork from the program's fork server
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

@@ -98,6 +98,18 @@ TEST_F(ControlTest, CancellingARunningTaskKillsItsWorkerAndWorkQueuedBehindItSuc
   EXPECT_NE(pool.worker_pids().at(0), before);
 }
 
+TEST_F(ControlTest, AfterARunningTaskIsCancelledTheNextLongTaskStartsOnTheReplacement) {
+  Pool pool({.processes = 1});
+  for (int round = 0; round < 4; ++round) {
+    shared()->running_pid = 0;
+    auto running = pool.apply_async(sleep_ms, 60000);
+    ASSERT_TRUE(eventually([&] { return running.wait(1ms) || shared()->running_pid != 0; })) << "round " << round;
+    running.cancel();
+    EXPECT_EQ(pool.apply_async(square, 5).get(5s), 25) << "round " << round;
+    EXPECT_THROW(running.get(), Cancelled);
+  }
+}
+
 TEST_F(ControlTest, CancellingAMapMidwayStopsItsRemainingChunks) {
   Pool pool({.processes = 2});
   std::vector<int> xs(100, 20);
