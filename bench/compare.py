@@ -32,7 +32,8 @@ def python_figure(file, pattern):
     return float(m.group(1)) if m else None
 
 
-loop, loop_epoll, ipc, pool, tensor, queue = (load(n) for n in ("loop", "loop_epoll", "ipc", "pool", "tensor", "queue"))
+loop, loop_epoll, ipc, pool, tensor, queue, mpi = (
+    load(n) for n in ("loop", "loop_epoll", "ipc", "pool", "tensor", "queue", "mpi"))
 rows = []
 
 
@@ -239,6 +240,18 @@ if queue:
         py = python_figure("py_queue.txt", pattern)
         ratio = f"{rate / (py * unit):.1f}x the Python peer ({py * unit:,.0f}/s){target}" if py else ""
         row(label, f"{rate:,.0f}/s", ratio)
+
+if mpi:
+    trip = mpi.get("BM_MpiApplyAsyncRoundTrip/real_time")
+    if trip:
+        py = python_figure("py_mpi4py.txt", r"round trip: ([\d.]+) us")
+        ratio = f"{py * 1e3 / ns(trip):.1f}x faster than mpi4py.futures ({py:.1f} us; target >= 10)" if py else ""
+        row("mpi: apply_async round trip, 3 ranks", f"{ns(trip) / 1e3:.1f} us", ratio)
+    over, local = mpi.get("BM_MpiMapOverNodes/real_time"), mpi.get("BM_LocalMapSameWorkers/real_time")
+    if over and local:
+        row("mpi: map over 3 nodes vs a local pool of as many workers",
+            f"{over['items_per_second'] / 1e3:.1f} k vs {local['items_per_second'] / 1e3:.1f} k calls/s",
+            f"{over['items_per_second'] / local['items_per_second']:.2f}x")
 
 width = max(len(r[0]) for r in rows) if rows else 0
 for what, figure, ratio in rows:

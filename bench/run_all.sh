@@ -29,4 +29,19 @@ if [ -d "$anchors" ]; then
     gcc -O2 -o "$out/fill" "$anchors/fill.c" && "$out/fill" | tee "$out/fill.txt" >&2
   fi
 fi
+if [ -x "$build/bench/mpi_bench" ] && command -v mpirun >/dev/null; then
+  echo "== mpi_bench and mpi4py.futures (3 ranks, each its own node)" >&2
+  mpi_flags=()
+  if mpirun --version 2>&1 | grep -q "Open MPI"; then
+    mpi_flags=(--mca pml ob1 --oversubscribe)
+    [ "$(id -u)" -eq 0 ] && mpi_flags+=(--allow-run-as-root)
+  fi
+  FORKPOOL_MPI_NODE_PER_RANK=1 FORKPOOL_BACKEND=io_uring mpirun "${mpi_flags[@]}" -n 3 "$build/bench/mpi_bench" \
+    --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
+    --benchmark_out="$out/mpi.json" --benchmark_out_format=json >&2
+  if /usr/bin/python3 -c "import mpi4py" 2>/dev/null; then
+    mpirun "${mpi_flags[@]}" -n 3 /usr/bin/python3 -m mpi4py.futures "$(dirname "$0")/py_mpi4py.py" \
+      | tee "$out/py_mpi4py.txt" >&2
+  fi
+fi
 /usr/bin/python3 "$(dirname "$0")/compare.py" "$out"  # Debian's python3-matplotlib draws the plots
