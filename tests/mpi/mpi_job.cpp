@@ -134,7 +134,19 @@ fp::Task<void> map_and_apply() {
   std::set<int> ran(ranks.begin(), ranks.end());
   check(static_cast<int>(ran.size()) == fp::mpi::node_count(),
         "every node ran calls (" + std::to_string(ran.size()) + " of " + std::to_string(fp::mpi::node_count()) + ")");
+  // close() while an imap still feeds its input, as Python allows: the stream finishes, then join.
+  auto late = pool.imap(square, inputs, 25);
   pool.close();
+  long late_sum = 0;
+  while (auto value = co_await late.next()) late_sum += *value;
+  check(late_sum == std::accumulate(squares.begin(), squares.end(), 0L), "an imap opened before close() completes after it");
+  bool refused = false;
+  try {
+    (void)pool.apply_async(square, 1L);
+  } catch (const fp::PoolClosed&) {
+    refused = true;
+  }
+  check(refused, "after close(), new work is PoolClosed");
   co_await pool.join();
   check(true, "close and join return");
 }
