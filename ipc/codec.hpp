@@ -36,6 +36,21 @@ namespace forkpool {
 template <class T>
 struct codec;
 
+namespace detail {
+// Whether T has a codec (built in, or the user's specialization).
+template <class T>
+concept HasCodec = requires { sizeof(codec<T>); };
+
+template <class T>
+constexpr bool check_has_codec() {
+  static_assert(HasCodec<T>,
+                "forkpool: this type has no forkpool::codec<T>, so it cannot cross to another process: "
+                "give it one (template <> struct forkpool::codec<T> { encode, decode }), see "
+                "docs/values-and-codecs.md");
+  return true;
+}
+}  // namespace detail
+
 // An allocator that leaves new elements uninitialized: growing an encode buffer must not cost
 // a memset of bytes about to be overwritten.
 template <class T>
@@ -106,6 +121,7 @@ class Writer {
   }
   template <class T>
   void write(const T& value) {
+    static_assert(detail::check_has_codec<std::remove_cvref_t<T>>());
     codec<std::remove_cvref_t<T>>::encode(*this, value);
   }
   void write_size(std::uint64_t count) { write_bytes(&count, sizeof count); }
@@ -144,6 +160,7 @@ class Reader {
   }
   template <class T>
   T read() {
+    static_assert(detail::check_has_codec<T>());
     return codec<T>::decode(*this);
   }
   // The next `size` bytes, in place (valid as long as the message).
@@ -220,6 +237,50 @@ template <class T>
 concept PlainAggregate = std::is_trivially_copyable_v<T> && std::is_aggregate_v<T> && std::is_class_v<T> &&
                          !is_std_array_v<T> && !std::is_empty_v<T>;
 
+// Whether an aggregate has a pointer member, found without reflection. An initializer that
+// converts to anything but an aggregate class makes brace elision split every nested aggregate
+// and array into its leaves: count them (the most such initializers `T{...}` takes), then try as
+// many that also refuse to become a pointer. Leaves past the first 64 are not checked.
+template <class U>
+inline constexpr bool is_leaf_v = !(std::is_class_v<U> && std::is_aggregate_v<U>);
+
+struct AnyLeaf {
+  template <class U>
+    requires is_leaf_v<U>
+  operator U() const;  // NOLINT: only in unevaluated contexts
+};
+struct NonPointerLeaf {
+  template <class U>
+    requires(is_leaf_v<U> && !std::is_pointer_v<U> && !std::is_member_pointer_v<U> && !std::is_null_pointer_v<U>)
+  operator U() const;  // NOLINT
+};
+
+template <class T, class Leaf, std::size_t... I>
+constexpr bool initializable(std::index_sequence<I...>) {
+  return requires { T{(void(I), Leaf{})...}; };
+}
+
+inline constexpr std::size_t kMaxCheckedLeaves = 64;
+
+template <class T, std::size_t N = 1, std::size_t Found = 0>
+constexpr std::size_t leaf_count() {
+  if constexpr (N > kMaxCheckedLeaves) {
+    return Found;
+  } else {
+    constexpr bool takes = initializable<T, AnyLeaf>(std::make_index_sequence<N>{});
+    return takes ? leaf_count<T, N + 1, N>() : Found;
+  }
+}
+
+template <class T>
+constexpr bool has_pointer_member() {
+  if constexpr (!std::is_aggregate_v<T> || !std::is_class_v<T>) {
+    return false;
+  } else {
+    return !initializable<T, NonPointerLeaf>(std::make_index_sequence<leaf_count<T>()>{});
+  }
+}
+
 template <class Map>
 struct MapCodec {
   using K = typename Map::key_type;
@@ -250,6 +311,10 @@ struct MapCodec {
 template <class T>
   requires detail::Bitwise<T> || detail::PlainAggregate<T>
 struct codec<T> {
+  static_assert(!detail::has_pointer_member<T>(),
+                "forkpool: an aggregate with a pointer member cannot cross as its bytes (the pointer "
+                "means nothing in another process): hold the data by value, or give the type a "
+                "forkpool::codec<T> of its own (docs/values-and-codecs.md)");
   static constexpr std::size_t min_size = sizeof(T);
   static void encode(Writer& w, const T& value) { w.write_bytes(&value, sizeof value); }
   static T decode(Reader& r) {

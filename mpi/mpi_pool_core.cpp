@@ -106,6 +106,7 @@ void MpiPoolCore::submit_for_stream(std::shared_ptr<Job> job) {
 }
 
 void MpiPoolCore::stream_opened() {
+  if (closed_) throw PoolClosed();
   ++streams_;
   local_->stream_opened();
 }

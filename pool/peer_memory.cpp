@@ -14,6 +14,11 @@ enum IntroductionKind : std::uint64_t { kNewSlab = 0, kYourSlab = 1 };
 
 [[noreturn]] void broken(const std::string& what) { throw ProtocolError("forkpool: " + what); }
 
+// The most slabs one peer may have mapped here at once (each holds a descriptor and a mapping).
+// Slabs are recycled and grow with demand, so honest peers stay far below; a worker past it is
+// breaking the protocol.
+constexpr std::size_t kMaxPeerSlabs = 1024;
+
 }  // namespace
 
 std::optional<std::uint32_t> OutgoingBlocks::block_index(const std::shared_ptr<Storage>& storage) {
@@ -116,6 +121,11 @@ void PeerMemory::accept_introduction(std::span<const std::byte> payload, std::sp
   for (std::size_t i = 0; i < entries.size(); i += 3) {
     std::uint64_t peer_id = entries[i], kind = entries[i + 1], value = entries[i + 2];
     PeerSlab known;
+    {
+      std::lock_guard lock(mutex_);  // before mapping anything: each slab costs us a descriptor
+      if (from_peer_.size() >= kMaxPeerSlabs)
+        broken("the peer would have us map more than " + std::to_string(kMaxPeerSlabs) + " of its slabs at once");
+    }
     if (kind == kNewSlab) {
       if (next_fd == fds.size()) broken("a slab introduction names more new slabs than it carries descriptors");
       known.theirs = Slab::adopt(std::move(fds[next_fd++]), value);

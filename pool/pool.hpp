@@ -138,12 +138,17 @@ class RangeStream final : public StreamState<NonVoid<CallResult<F, Element, Spre
       end_input();
       return false;
     }
-    std::size_t count = 0;
-    auto job = make_job<F, Element, Spread>(f_, it_, std::ranges::end(view_), chunksize_, this->shared_from_this(),
-                                            index, &count);
-    this->record_chunk_size(index, count);
-    core_->submit_for_stream(std::move(job));
-    return true;
+    try {
+      std::size_t count = 0;
+      auto job = make_job<F, Element, Spread>(f_, it_, std::ranges::end(view_), chunksize_, this->shared_from_this(),
+                                              index, &count);
+      this->record_chunk_size(index, count);
+      core_->submit_for_stream(std::move(job));
+      return true;
+    } catch (...) {
+      end_input();  // the input (or the pool) failed: nothing more is read
+      throw;
+    }
   }
   void end_input() {
     if (open_) core_->stream_closed();
@@ -158,6 +163,18 @@ class RangeStream final : public StreamState<NonVoid<CallResult<F, Element, Spre
   std::size_t chunksize_;
 };
 
+// What a stream reads lazily, owned by it: an lvalue container is copied (a stream returned from
+// a helper would otherwise read a dead local); rvalues and views pass through.
+template <class Range>
+decltype(auto) owned_input(Range&& inputs) {
+  using Plain = std::remove_cvref_t<Range>;
+  if constexpr (std::is_lvalue_reference_v<Range> && !std::ranges::view<Plain> && std::copy_constructible<Plain>) {
+    return Plain(inputs);
+  } else {
+    return std::forward<Range>(inputs);
+  }
+}
+
 template <class T>
 Task<T> await_result(AsyncResult<T> result) {
   co_return co_await std::move(result);
@@ -171,7 +188,7 @@ Task<T> await_result(AsyncResult<T> result) {
 // from another thread, or in a forked child, throws std::logic_error naming the rule.
 // Resumption: what it returns (AsyncResult, Task, Stream) completes on that thread's loop; an
 // awaiting coroutine resumes inline, inside the loop's turn that received the result.
-// Errors: a submitting call throws PoolClosed after close(), PoolTerminated after terminate(),
+// Errors: a submitting call (imap too) throws PoolClosed after close() or terminate(), and
 // InitializerError once the initializer has failed in a row too often; what a task does wrong
 // arrives with its result (RemoteError, WorkerLost, ProtocolError; see docs/pool.md).
 //
@@ -228,8 +245,9 @@ class Pool {
     return map_chunks<true>(f, std::forward<Range>(inputs), chunksize);
   }
 
-  // Results one by one in input order; the input is read lazily (an lvalue range must outlive
-  // the stream).
+  // Results one by one in input order; the input is read lazily. The stream owns what it reads:
+  // an lvalue container is copied (std::move it in to spare the copy); a view is kept as it is,
+  // so what a view refers to must outlive the stream.
   template <class F, std::ranges::viewable_range Range>
   auto imap(F f, Range&& inputs, std::size_t chunksize = 1) {
     return make_stream(f, std::forward<Range>(inputs), chunksize, true);
@@ -242,7 +260,7 @@ class Pool {
 
   // No new work; workers exit once the queue is empty.
   void close();
-  // Stops the workers now; pending work fails with PoolTerminated.
+  // Stops the workers now; pending work fails with PoolTerminated, new work throws PoolClosed.
   void terminate();
   // After close() or terminate(): completes when every worker is reaped.
   Task<void> join();
@@ -262,7 +280,9 @@ class Pool {
     using W = detail::NonVoid<detail::CallResult<F, Element, Spread>>;
     if constexpr (!std::ranges::sized_range<Range> || !std::ranges::forward_range<Range>) {
       // One pass to learn the size; a single-pass range is kept in a vector first.
-      std::vector<Element> materialized(std::ranges::begin(inputs), std::ranges::end(inputs));
+      // (Copied one by one: its sentinel may differ from its iterator, which may lack the old traits.)
+      std::vector<Element> materialized;
+      for (auto&& element : inputs) materialized.push_back(std::forward<decltype(element)>(element));
       return map_chunks<Spread>(f, materialized, chunksize);
     } else {
       std::size_t total = std::ranges::size(inputs);
@@ -288,11 +308,12 @@ class Pool {
   auto make_stream(F f, Range&& inputs, std::size_t chunksize, bool ordered) {
     detail::check_sendable<F>();
     core_->check_owner("Pool::imap");
-    using View = std::views::all_t<Range>;
+    using Owned = decltype(detail::owned_input(std::forward<Range>(inputs)));
+    using View = std::views::all_t<Owned>;
     using Element = std::ranges::range_value_t<View>;
     using W = detail::NonVoid<detail::CallResult<F, Element, false>>;
     auto state = std::make_shared<detail::RangeStream<F, Element, false, View>>(
-        core_, f, std::views::all(std::forward<Range>(inputs)), chunksize, ordered);
+        core_, f, std::views::all(detail::owned_input(std::forward<Range>(inputs))), chunksize, ordered);
     state->start();  // work starts at the call, as Python's imap
     return Stream<W>(std::move(state));
   }

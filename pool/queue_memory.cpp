@@ -49,14 +49,18 @@ QueueMemory::QueueMemory() {
   releases_out_ = UniqueFd(ends[1]);
 }
 
-void QueueMemory::came_home(std::uint64_t slab, std::uint64_t offset, std::uint64_t count) {
+void QueueMemory::came_home(std::uint64_t slab, std::uint64_t offset, std::uint64_t count, Dropped& dropped) {
   auto it = lent_.find({slab, offset});
   if (it == lent_.end()) return;  // not lent (a confused or hostile consumer): nothing to undo
   it->second.count -= std::min(count, it->second.count);
-  if (it->second.count == 0) lent_.erase(it);  // our hold ends: the block goes home when we drop it too
+  if (it->second.count > 0) return;
+  // Our hold ends: the block goes home when we drop it too. Not here: a block we borrowed and
+  // forwarded calls storage_released() when it goes, which takes mutex_.
+  dropped.push_back(std::move(it->second.storage));
+  lent_.erase(it);
 }
 
-void QueueMemory::collect_releases() {
+void QueueMemory::collect_releases(Dropped& dropped) {
   std::vector<ReleaseEntry> entries(256);
   for (;;) {
     ssize_t n = recv(releases_in_.get(), entries.data(), entries.size() * sizeof(ReleaseEntry), MSG_DONTWAIT);
@@ -65,13 +69,14 @@ void QueueMemory::collect_releases() {
       return;  // EAGAIN: nothing more
     }
     for (std::size_t i = 0; i < static_cast<std::size_t>(n) / sizeof(ReleaseEntry); ++i)
-      came_home(entries[i].slab, entries[i].offset, entries[i].count);
+      came_home(entries[i].slab, entries[i].offset, entries[i].count, dropped);
   }
 }
 
 void QueueMemory::lend(Writer& item, const OutgoingBlocks& blocks) {
+  Dropped dropped;  // destroyed after the lock is let go
   std::lock_guard lock(mutex_);
-  collect_releases();
+  collect_releases(dropped);
   const auto& storages = blocks.storages();
   if (!storages.empty()) {
     for (const auto& storage : storages) {
@@ -126,10 +131,12 @@ IncomingBlocks QueueMemory::borrow(std::span<const std::byte>& payload, std::vec
     return std::move(fds[at]);
   };
 
+  // Destroyed after the lock is let go, on a throw too: a storage's release takes mutex_.
+  std::vector<std::shared_ptr<Storage>> storages;
+  Dropped dropped;
   std::lock_guard lock(mutex_);
   send_pending();
   std::shared_ptr<UniqueFd> owner = owner_socket(take(index.back()));
-  std::vector<std::shared_ptr<Storage>> storages;
   for (std::size_t i = 0; i < split.table.size(); ++i) {
     const BlockEntry& entry = split.table[i];
     if (entry.offset > SIZE_MAX - entry.bytes) broken("a block past the end of memory");
@@ -137,7 +144,7 @@ IncomingBlocks QueueMemory::borrow(std::span<const std::byte>& payload, std::vec
     std::shared_ptr<Storage> storage = slab->receive_block(entry.offset, entry.bytes);
     if (!storage) broken("a block that is not valid in its slab");
     if (slab->owned()) {
-      came_home(slab->id(), entry.offset, 1);  // our own block, back through the queue
+      came_home(slab->id(), entry.offset, 1, dropped);  // our own block, back through the queue
     } else {
       auto [it, first] = borrowed_.try_emplace(storage->id(), Borrowed{owner, entry.slab, entry.offset, 0});
       ++it->second.count;

@@ -36,11 +36,13 @@ class Stream {
 };
 
 // As show_progress(AsyncResult): draws the stream's progress on stderr until every result has
-// been handed out. Run it beside the loop that consumes the stream, which must outlive it.
+// been handed out. Run it beside the loop that consumes the stream, with when_all: it also ends
+// when that consumer ends early (it threw, or broke out). The stream must outlive it.
 template <class R>
 Task<void> show_progress(const Stream<R>& stream, std::string label = {}) {
   detail::ProgressLine line(std::move(label));
-  while (!stream.finished()) {
+  const detail::Company* company = co_await detail::current_company{};
+  while (!stream.finished() && !(company && company->work_over())) {
     line.draw(stream.progress());
     co_await sleep_for(line.interval());
   }

@@ -172,15 +172,25 @@ class AsyncResult {
   }
 
   // Blocks (driving the loop) until ready, then returns the value or rethrows the task's error.
-  // Throws std::logic_error from inside a coroutine on the same loop: co_await instead.
-  R get() const {
+  // Throws std::logic_error from inside a coroutine on the same loop: co_await instead. A copy,
+  // since get() may be called again; on an rvalue (`pool.map_async(...).get()`) the value is
+  // moved out instead.
+  R get() const& {
     wait();
     return state_->copy();
   }
+  R get() && {
+    wait();
+    return state_->take();
+  }
   // As get(), but throws TimeoutError when `timeout` passes first.
-  R get(std::chrono::nanoseconds timeout) const {
+  R get(std::chrono::nanoseconds timeout) const& {
     if (!wait(timeout)) throw TimeoutError("forkpool: AsyncResult::get timed out");
     return state_->copy();
+  }
+  R get(std::chrono::nanoseconds timeout) && {
+    if (!wait(timeout)) throw TimeoutError("forkpool: AsyncResult::get timed out");
+    return state_->take();
   }
   void wait() const { detail::drive_loop_until([this] { return ready(); }, std::nullopt, "forkpool::AsyncResult::wait"); }
   // True if the result became ready within `timeout`.

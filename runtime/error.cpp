@@ -18,7 +18,9 @@ std::string signal_name_of(int signal) {
 }
 
 std::string describe_end(int exit_code, int signal) {
-  return signal ? "killed by " + signal_name_of(signal) : "exited with code " + std::to_string(exit_code);
+  if (signal) return "killed by " + signal_name_of(signal);
+  if (exit_code < 0) return "how it ended is unknown";  // reaped by someone else, or its server died
+  return "exited with code " + std::to_string(exit_code);
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 #pragma once
-// The exceptions forkpool's public API throws (API.md, "Errors"). All derive from Error.
+// The exceptions forkpool's public API throws (docs/pool.md, "Errors"). All derive from Error.
 
 #include <sys/types.h>
 

@@ -1,5 +1,6 @@
 #include <forkpool/runtime/loop.hpp>
 
+#include <poll.h>
 #include <pthread.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -11,6 +12,7 @@
 #include <mutex>
 #include <vector>
 
+#include <forkpool/runtime/async_result.hpp>
 #include <forkpool/runtime/internal/spawned_worker.hpp>
 #include <forkpool/runtime/internal/errno.hpp>
 #include <forkpool/runtime/internal/io.hpp>
@@ -52,9 +54,64 @@ pthread_key_t loop_key() {
 
 using detail::LoopInternals;
 
-Loop::Loop() : backend_(choose_backend()) {
+// Functions posted from other threads, and the eventfd whose poll, always in flight on the loop,
+// completes when one is posted.
+struct Loop::Door {
+  std::mutex mutex;
+  std::vector<std::function<void()>> posted;  // guarded by mutex
+  UniqueFd fd;
+  detail::Operation read;  // loop thread only
+
+  Door() : fd(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
+    if (!fd) detail::throw_last_errno("forkpool: Loop's eventfd");
+  }
+};
+
+Loop::Loop() : door_(std::make_unique<Door>()), backend_(choose_backend()) {
   static std::once_flag registered;
   std::call_once(registered, [] { pthread_atfork(nullptr, nullptr, &detail::LoopInternals::abandon_after_fork); });
+  LoopInternals::open_door(*this);
+}
+
+void Loop::post(std::function<void()> fn) {
+  bool first;
+  {
+    std::lock_guard lock(door_->mutex);
+    first = door_->posted.empty();
+    door_->posted.push_back(std::move(fn));
+  }
+  // One write per batch: the loop takes the whole queue at once, after which the next post writes.
+  std::uint64_t one = 1;
+  if (first) [[maybe_unused]] ssize_t ignored = ::write(door_->fd.get(), &one, sizeof one);
+}
+
+void detail::LoopInternals::open_door(Loop& loop) {
+  Loop::Door& door = *loop.door_;
+  door.read = {};
+  door.read.kind = OpKind::poll;
+  door.read.flags = POLLIN;
+  door.read.fd = door.fd.get();
+  door.read.context = &loop;
+  door.read.on_complete = [](Operation* op, int result) {
+    Loop& loop = *static_cast<Loop*>(op->context);
+    if (result < 0 && result != -EINTR && result != -ECANCELED) return;  // the loop is going
+    std::vector<std::function<void()>> posted;
+    {
+      std::lock_guard lock(loop.door_->mutex);
+      std::uint64_t count;
+      [[maybe_unused]] ssize_t drained = ::read(loop.door_->fd.get(), &count, sizeof count);  // under the lock:
+      posted.swap(loop.door_->posted);  // a post after it finds the queue empty and writes again
+    }
+    open_door(loop);  // before running them: one may post again
+    for (auto& fn : posted) {
+      try {
+        fn();
+      } catch (...) {
+        report_callback_failure();
+      }
+    }
+  };
+  start(loop, &door.read);
 }
 
 Loop::~Loop() {
@@ -83,6 +140,7 @@ void detail::LoopInternals::abandon_after_fork() {
   inherited->backend_->abandon();
   inherited->host_fd_.reset();
   inherited->wake_fd_.reset();
+  inherited->door_->fd.reset();
   if (!g_abandoned) g_abandoned = new std::vector<Loop*>;
   g_abandoned->push_back(inherited);
   pthread_setspecific(loop_key(), nullptr);
@@ -117,16 +175,17 @@ std::size_t detail::LoopInternals::turn(Loop& loop, bool block) {
   return handled;
 }
 
+// With nothing else in flight, the loop still waits: another thread may post what ends the wait.
 void detail::LoopInternals::drive_until(Loop& loop, const std::function<bool()>& done) {
-  while (!done()) {
-    if (outstanding(loop) == 0)
-      throw std::logic_error("forkpool: waiting for work that nothing in flight can complete (deadlock)");
-    turn(loop, true);
-  }
+  while (!done()) turn(loop, true);
 }
 
 void detail::LoopInternals::finish(Loop& loop) {
   while (loop.finishing_.active() > 0 && outstanding(loop) > 0) turn(loop, true);
+}
+
+std::size_t detail::LoopInternals::outstanding(const Loop& loop) noexcept {
+  return loop.backend_->outstanding() - (loop.door_->read.state == OpState::idle ? 0 : 1);  // not the door
 }
 
 int Loop::fd() const {

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <coroutine>
 #include <cstddef>
+#include <functional>
 #include <memory>
 
 #include <forkpool/runtime/internal/unique_fd.hpp>
@@ -41,10 +42,21 @@ class Loop {
   // "io_uring" or "epoll".
   const char* backend_name() const;
 
+  // The door for other threads (Python's call_soon_threadsafe). Any thread: queues `fn` to run
+  // on this loop's thread at its next turn, and wakes the loop if it sleeps in the kernel (also
+  // a host loop watching fd()). Functions run in the order posted; one that throws is reported
+  // on stderr and the rest still run. The loop must outlive the call.
+  //
+  //   fp::Loop& loop = fp::Loop::current();                 // on the pool's thread
+  //   std::thread feeder([&] { loop.post([&] { results.push_back(pool.apply_async(f, 1)); }); });
+  void post(std::function<void()> fn);
+
  private:
   friend struct detail::LoopInternals;
+  struct Door;
   Loop();
 
+  std::unique_ptr<Door> door_;  // before backend_: destroyed after it, as its read may be in the kernel
   std::unique_ptr<detail::Backend> backend_;
   mutable UniqueFd host_fd_;  // epoll set for fd(): the backend's fd + wake_fd_
   mutable UniqueFd wake_fd_;  // eventfd: soft completions while a host loop waits

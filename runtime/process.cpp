@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -15,6 +16,7 @@
 #include <fstream>
 #include <iterator>
 #include <sstream>
+#include <system_error>
 #include <vector>
 
 #include <forkpool/runtime/internal/errno.hpp>
@@ -99,6 +101,14 @@ pid_t current_pid() noexcept {
   return cached;
 }
 
+// Stands in for the pidfd of a process that is already gone: readable at once (so its exit is
+// seen), and no pidfd (so reap() reports the status unknown, and signals go nowhere).
+UniqueFd ended_process_fd() {
+  int fd = eventfd(1, EFD_CLOEXEC);
+  if (fd < 0) throw_last_errno("forkpool: eventfd");
+  return UniqueFd(fd);
+}
+
 UniqueFd open_pidfd(pid_t pid) {
   int fd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
   if (fd < 0) throw_last_errno("forkpool: pidfd_open");
@@ -108,6 +118,13 @@ UniqueFd open_pidfd(pid_t pid) {
 UniqueFd watch_child(pid_t pid) {
   try {
     return open_pidfd(pid);
+  } catch (const std::system_error& e) {
+    // ESRCH: it ran, exited and was reaped before we could look (a host that ignores SIGCHLD,
+    // or reaps with waitpid(-1)). Its start did not fail: it is watched as ended, status unknown.
+    if (e.code().value() == ESRCH) return ended_process_fd();
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    throw;
   } catch (...) {
     kill(pid, SIGKILL);
     waitpid(pid, nullptr, 0);

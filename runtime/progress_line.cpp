@@ -12,11 +12,14 @@ double items_per_second(std::size_t done, std::chrono::steady_clock::time_point 
   return seconds > 0 ? static_cast<double>(done) / seconds : 0.0;
 }
 
+// Without a total there are no tenths: a line this often instead.
+constexpr std::chrono::seconds kUnknownTotalEvery{5};
+
 }  // namespace
 
 ProgressLine::ProgressLine(std::string label)
     : label_(label.empty() ? "progress" : std::move(label)), terminal_(isatty(STDERR_FILENO) == 1),
-      started_(std::chrono::steady_clock::now()) {}
+      started_(std::chrono::steady_clock::now()), last_line_(started_) {}
 
 std::chrono::milliseconds ProgressLine::interval() const noexcept {
   return terminal_ ? std::chrono::milliseconds(100) : std::chrono::milliseconds(250);
@@ -42,16 +45,41 @@ void ProgressLine::draw(const Progress& progress) {
     std::fflush(stderr);
     return;
   }
-  if (!progress.total || *progress.total == 0) return;
+  if (!progress.total) {
+    if (std::chrono::steady_clock::now() - last_line_ >= kUnknownTotalEvery) print_line(progress, -1);
+    return;
+  }
+  if (*progress.total == 0) return;
+  // One line for the highest tenth reached, with the counts of now (several may pass at once).
   auto reached = static_cast<int>(10 * progress.done / *progress.total);
-  for (; tenths_printed_ < reached; ++tenths_printed_)
-    std::fprintf(stderr, "%s: %d%% (%zu/%zu items, %.0f items/s)\n", label_.c_str(), 10 * (tenths_printed_ + 1),
-                 progress.done, *progress.total, rate);
+  if (reached > tenths_printed_) {
+    tenths_printed_ = reached;
+    print_line(progress, 10 * reached);
+  }
+}
+
+void ProgressLine::print_line(const Progress& progress, int percent) {
+  double rate = items_per_second(progress.done, started_);
+  if (percent >= 0) {
+    std::fprintf(stderr, "%s: %d%% (%zu/%zu items, %.0f items/s)\n", label_.c_str(), percent, progress.done,
+                 *progress.total, rate);
+  } else if (progress.total) {
+    std::fprintf(stderr, "%s: ended at %zu/%zu items (%.0f items/s)\n", label_.c_str(), progress.done, *progress.total,
+                 rate);
+  } else {
+    std::fprintf(stderr, "%s: %zu items (%.0f items/s)\n", label_.c_str(), progress.done, rate);
+  }
+  last_line_ = std::chrono::steady_clock::now();
+  done_printed_ = progress.done;
 }
 
 void ProgressLine::finish(const Progress& progress) {
   draw(progress);
-  if (terminal_) std::fputc('\n', stderr);
+  if (terminal_) {
+    std::fputc('\n', stderr);
+  } else if (done_printed_ != progress.done) {
+    print_line(progress, -1);  // the work ended between tenths, or early: say where
+  }
 }
 
 }  // namespace forkpool::detail

@@ -22,8 +22,21 @@ namespace detail {
 template <class T>
 using NonVoid = std::conditional_t<std::is_void_v<T>, std::monostate, T>;
 
+// The work a task runs beside, as when_all's children run beside each other: a task awaited by
+// another inherits its awaiter's. Helpers that only accompany work (show_progress) end once it
+// says the work is over, however the work ended.
+class Company {
+ public:
+  virtual bool work_over() const noexcept = 0;
+
+ protected:
+  ~Company() = default;
+};
+
 class PromiseBase {
  public:
+  const Company* company = nullptr;
+
   std::suspend_always initial_suspend() noexcept { return {}; }
 
   // Finishing inside the awaiter's own resume() returns there (the stack unwinds); finishing
@@ -95,6 +108,18 @@ class Promise<void> : public PromiseBase {
   void take() { rethrow_if_failed(); }
 };
 
+// co_await current_company() in a Task: the work it runs beside (nullptr: none known).
+struct current_company {
+  const Company* company = nullptr;
+  bool await_ready() const noexcept { return false; }
+  template <class P>
+  bool await_suspend(std::coroutine_handle<P> self) noexcept {
+    company = self.promise().company;
+    return false;  // never suspends
+  }
+  const Company* await_resume() const noexcept { return company; }
+};
+
 }  // namespace detail
 
 template <class T>
@@ -130,7 +155,11 @@ class [[nodiscard]] Task {
   struct Awaiter {
     Handle handle;
     bool await_ready() noexcept { return !handle || handle.done(); }
-    bool await_suspend(std::coroutine_handle<> awaiter) { return handle.promise().start_for(handle, awaiter); }
+    template <class AwaiterPromise>
+    bool await_suspend(std::coroutine_handle<AwaiterPromise> awaiter) {
+      if constexpr (requires { awaiter.promise().company; }) handle.promise().company = awaiter.promise().company;
+      return handle.promise().start_for(handle, awaiter);
+    }
     T await_resume() { return handle.promise().take(); }
   };
 

@@ -1,6 +1,7 @@
 #pragma once
 // when_all: runs tasks together and completes when all have ended. If any failed, the first
-// exception (in completion order) is rethrown, but only after every task has ended.
+// exception (in completion order) is rethrown, but only after every task has ended. A helper
+// that only accompanies the others (show_progress) ends when they have ended or one failed.
 
 #include <coroutine>
 #include <exception>
@@ -17,10 +18,13 @@ namespace forkpool {
 namespace detail {
 
 
-struct WhenAllState {
+// For each child, the rest are its company: their work is over once one of them failed or all
+// but the asking child have ended.
+struct WhenAllState final : Company {
   std::size_t remaining;
   std::coroutine_handle<> parent;
   std::exception_ptr first_error;
+  bool work_over() const noexcept override { return first_error || remaining <= 1; }
 };
 
 // Runs one task, stores its value, then reports to the shared state (the last one resumes the parent).
@@ -28,6 +32,7 @@ class WhenAllChild {
  public:
   struct promise_type {
     WhenAllState* state = nullptr;
+    const Company* company = nullptr;  // what the child's task inherits: its siblings
     WhenAllChild get_return_object() noexcept {
       return WhenAllChild(std::coroutine_handle<promise_type>::from_promise(*this));
     }
@@ -53,6 +58,7 @@ class WhenAllChild {
   }
   void start(WhenAllState& state) {
     handle_.promise().state = &state;
+    handle_.promise().company = &state;
     handle_.resume();
   }
 

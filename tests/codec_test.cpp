@@ -165,5 +165,48 @@ TEST(Codec, DescriptorIndicesAreChecked) {
   EXPECT_THROW(r.take_fd(r.read<std::uint32_t>()), ProtocolError);
 }
 
+// Plain aggregates cross as their bytes only without pointers (tests/compile_errors/ shows the
+// message a program that tries gets).
+struct Pixel {
+  float r, g, b;
+};
+struct Labelled {
+  int id;
+  Pixel pixels[4];
+  std::array<double, 3> weights;
+};
+struct WithPointer {
+  int id;
+  float* data;
+};
+struct WithPointerArray {
+  int id;
+  const char* names[2];
+};
+struct WithNestedPointer {
+  Pixel p;
+  WithPointer inner;
+};
+struct WithMemberPointer {
+  int Pixel::*field;
+};
+
+TEST(Codec, APointerAnywhereInAPlainAggregateIsFoundAtCompileTime) {
+  static_assert(!detail::has_pointer_member<Pixel>());
+  static_assert(!detail::has_pointer_member<Labelled>());
+  static_assert(detail::has_pointer_member<WithPointer>());
+  static_assert(detail::has_pointer_member<WithPointerArray>());
+  static_assert(detail::has_pointer_member<WithNestedPointer>());
+  static_assert(detail::has_pointer_member<WithMemberPointer>());
+  Labelled in{7, {{1, 2, 3}}, {0.5, 0.25, 0.125}};
+  Writer w;
+  w.write(in);
+  Reader r(w.bytes());
+  Labelled out = r.read<Labelled>();
+  EXPECT_EQ(out.id, 7);
+  EXPECT_EQ(out.pixels[0].b, 3.0f);
+  EXPECT_EQ(out.weights[2], 0.125);
+}
+
 }  // namespace
 }  // namespace forkpool

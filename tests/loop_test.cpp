@@ -3,21 +3,25 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <cstdlib>
 #include <stop_token>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <forkpool/runtime/internal/one_shot.hpp>
 #include <forkpool/runtime/internal/io.hpp>
+#include <forkpool/runtime/internal/process.hpp>
 #include <forkpool/runtime/loop.hpp>
 #include <forkpool/runtime/internal/unique_fd.hpp>
 #include <forkpool/runtime/when_all.hpp>
@@ -170,6 +174,24 @@ TEST(Loop, ProcessExitIsSeenThroughAPidfd) {
   EXPECT_EQ(WEXITSTATUS(status), 7);
 }
 
+// A host that ignores SIGCHLD: the kernel reaps a child the moment it exits, before we look.
+TEST(Loop, AChildReapedBeforeItIsWatchedIsSeenAsEndedWithAnUnknownStatus) {
+  struct sigaction ignore {}, old {};
+  ignore.sa_handler = SIG_IGN;
+  ASSERT_EQ(sigaction(SIGCHLD, &ignore, &old), 0);
+  pid_t pid = fork();
+  if (pid == 0) _exit(0);
+  std::this_thread::sleep_for(50ms);  // gone and reaped
+  UniqueFd watched;
+  EXPECT_NO_THROW(watched = detail::watch_child(pid));
+  sigaction(SIGCHLD, &old, nullptr);
+  ASSERT_TRUE(watched);
+  EXPECT_EQ(run([&]() -> Task<int> { co_return co_await wait_process_exit(watched.get()); }()) & POLLIN, POLLIN);
+  detail::ExitStatus status = detail::reap(watched.get());
+  EXPECT_EQ(status.exit_code, -1);
+  EXPECT_EQ(status.signal, 0);
+}
+
 TEST(Loop, AForkedChildRunsItsOwnLoop) {
   // The parent has a loop with a pending operation; the child must not touch it.
   Pipe p;
@@ -242,12 +264,66 @@ TEST(Loop, RunReadyFromInsideACoroutineThrows) {
   EXPECT_TRUE(run(body()));
 }
 
-TEST(Loop, WaitingOnNothingThatCanCompleteIsADeadlockError) {
-  auto body = []() -> Task<void> {
-    OneShot never;
-    co_await never;
-  };
-  EXPECT_THROW(run(body()), std::logic_error);
+// Loop::post, the door for other threads: also run under TSan (the "threads" suite).
+TEST(LoopPostThreadsTest, APostFromAnotherThreadWakesALoopThatWaitsOnNothingElse) {
+  Loop& loop = Loop::current();
+  OneShot posted;
+  std::thread::id ran_on;
+  auto body = [&]() -> Task<void> { co_await posted; };
+  auto started = std::chrono::steady_clock::now();
+  std::thread poster([&] {
+    std::this_thread::sleep_for(50ms);  // the loop is asleep in the kernel by now
+    loop.post([&] {
+      ran_on = std::this_thread::get_id();
+      posted.set();
+    });
+  });
+  run(body());
+  poster.join();
+  EXPECT_EQ(ran_on, std::this_thread::get_id());
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 5s);
+}
+
+TEST(LoopPostThreadsTest, PostsFromManyThreadsAllRunOnTheLoopInEachThreadsOrder) {
+  Loop& loop = Loop::current();
+  constexpr int kThreads = 4, kEach = 2000;
+  std::vector<std::vector<int>> seen(kThreads);  // touched on the loop's thread only
+  int total = 0;
+  OneShot all_ran;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kEach; ++i)
+        loop.post([&, t, i] {
+          seen[t].push_back(i);
+          if (++total == kThreads * kEach) all_ran.set();
+        });
+    });
+  loop.post([] { throw std::runtime_error("a posted function that throws (reported, harmless)"); });
+  auto body = [&]() -> Task<void> { co_await all_ran; };
+  run(body());
+  for (auto& t : threads) t.join();
+  for (int t = 0; t < kThreads; ++t) {
+    ASSERT_EQ(seen[t].size(), static_cast<std::size_t>(kEach));
+    EXPECT_TRUE(std::is_sorted(seen[t].begin(), seen[t].end()));
+  }
+}
+
+TEST(LoopPostThreadsTest, APostWakesAHostLoopWatchingFd) {
+  Loop& loop = Loop::current();
+  UniqueFd host(epoll_create1(EPOLL_CLOEXEC));
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ASSERT_EQ(epoll_ctl(host.get(), EPOLL_CTL_ADD, loop.fd(), &ev), 0);
+  loop.run_ready();
+  bool ran = false;
+  std::thread poster([&] { loop.post([&] { ran = true; }); });
+  for (int rounds = 0; !ran && rounds < 50; ++rounds) {
+    epoll_event out;
+    if (epoll_wait(host.get(), &out, 1, 100) == 1) loop.run_ready();
+  }
+  poster.join();
+  EXPECT_TRUE(ran);
 }
 
 }  // namespace

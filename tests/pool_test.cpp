@@ -16,6 +16,7 @@
 #include <optional>
 #include <ranges>
 #include <set>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -28,6 +29,7 @@
 #include <forkpool/pool/pool.hpp>
 #include <forkpool/pool/worker_info.hpp>
 #include <forkpool/runtime/loop.hpp>
+#include <forkpool/runtime/show_progress.hpp>
 #include <forkpool/runtime/when_all.hpp>
 #include "support.hpp"
 
@@ -103,6 +105,40 @@ int nested_pool_sum(int n) {
   std::iota(xs.begin(), xs.end(), 1);
   std::vector<int> squares = run(inner.map(square, xs));
   return std::accumulate(squares.begin(), squares.end(), 0);
+}
+
+// A stream made by a helper from its own local vector, which is gone when the stream is read.
+Stream<int> squares_of_a_local_vector(Pool& pool) {
+  std::vector<int> xs(2000);
+  std::iota(xs.begin(), xs.end(), 0);
+  return pool.imap(square, xs, 7);
+}
+
+// Input that throws when it reaches `bad`.
+auto input_failing_at(int bad) {
+  return std::views::iota(0, 20) | std::views::transform([bad](int x) {
+           if (x == bad) throw std::out_of_range("input " + std::to_string(x) + " is unreadable");
+           return x;
+         });
+}
+
+// Everything a stream hands out, the input's error last ("!" and its message).
+Task<std::vector<std::string>> drain_to_strings(Stream<int> stream) {
+  std::vector<std::string> seen;
+  for (;;) {
+    try {
+      std::optional<int> r = co_await stream.next();
+      if (!r) break;
+      seen.push_back(std::to_string(*r));
+    } catch (const std::out_of_range& e) {
+      seen.push_back(std::string("!") + e.what());
+    }
+  }
+  co_return seen;
+}
+
+void check(bool condition, const char* what) {
+  if (!condition) throw std::runtime_error(what);
 }
 
 class PoolTest : public ::testing::TestWithParam<StartMethod> {
@@ -564,6 +600,99 @@ TEST_P(PoolTest, AStreamMadeBeforeCloseDeliversAllItsResults) {
   ASSERT_EQ(ys.size(), xs.size());
   for (int x : xs) EXPECT_EQ(ys[x], x * x);
   run(pool.join());
+}
+
+TEST_P(PoolTest, ImapAndImapUnorderedAfterCloseOrTerminateThrowPoolClosedAsMapDoes) {
+  std::vector<int> xs{1, 2, 3};
+  Pool pool(options());
+  pool.close();
+  EXPECT_THROW(pool.imap(square, xs), PoolClosed);
+  EXPECT_THROW(pool.imap_unordered(square, xs), PoolClosed);
+  EXPECT_THROW(pool.map_async(square, xs), PoolClosed);
+  run(pool.join());
+  EXPECT_THROW(pool.imap(square, std::views::iota(0)), PoolClosed);
+  EXPECT_TRUE(pool.worker_pids().empty()) << "imap started workers after join()";
+
+  Pool terminated(options());
+  terminated.terminate();
+  EXPECT_THROW(terminated.apply_async(square, 2), PoolClosed);
+  EXPECT_THROW(terminated.imap(square, xs), PoolClosed);
+}
+
+TEST_P(PoolTest, AStreamOwnsACopyOfAnLvalueContainerItReadsLazily) {
+  Pool pool(options());
+  Stream<int> stream = squares_of_a_local_vector(pool);
+  std::vector<int> scribble(4000, -1);  // likely where the helper's vector was
+  std::vector<int> got;
+  while (std::optional<int> y = run(stream.next())) got.push_back(*y);
+  ASSERT_EQ(got.size(), 2000u);
+  for (int i = 0; i < 2000; ++i) ASSERT_EQ(got[i], i * i);
+  EXPECT_EQ(scribble[0], -1);
+}
+
+TEST_P(PoolTest, AnErrorFromImapsInputComesAfterEveryEarlierResult) {
+  Pool pool(options());
+  std::vector<std::string> expected;
+  for (int i = 0; i < 13; ++i) expected.push_back(std::to_string(i));
+  expected.push_back("!input 13 is unreadable");
+  EXPECT_EQ(run(drain_to_strings(pool.imap(sleep_ms, input_failing_at(13)))), expected);
+
+  std::vector<std::string> unordered = run(drain_to_strings(pool.imap_unordered(sleep_ms, input_failing_at(13))));
+  ASSERT_EQ(unordered.size(), expected.size());
+  EXPECT_EQ(unordered.back(), expected.back());
+  std::sort(unordered.begin(), unordered.end() - 1, [](auto& a, auto& b) { return std::stoi(a) < std::stoi(b); });
+  EXPECT_EQ(unordered, expected);
+}
+
+TEST_P(PoolTest, MapTakesRangesWhoseSentinelIsNotAnIterator) {
+  Pool pool(options());
+  auto below_ten = std::views::iota(0) | std::views::take_while([](int x) { return x < 10; });
+  std::vector<int> expected;
+  for (int i = 0; i < 10; ++i) expected.push_back(i * i);
+  EXPECT_EQ(run(pool.map(square, below_ten)), expected);
+  std::istringstream text("1 2 3 4");
+  EXPECT_EQ(run(pool.map(square, std::views::istream<int>(text))), (std::vector<int>{1, 4, 9, 16}));
+  std::vector<std::pair<int, int>> pairs{{1, 2}, {3, 4}, {5, 6}};
+  auto first_two = pairs | std::views::take_while([](auto& p) { return p.first < 4; });
+  EXPECT_EQ(run(pool.starmap(add, first_two)), (std::vector<int>{3, 7}));
+}
+
+// The documented progress pattern, when_all(consume, show_progress), with a consumer that stops
+// early: show_progress ends too, and the consumer's error reaches the caller.
+TEST_P(PoolTest, ShowProgressEndsWhenTheConsumerBesideItThrowsOrBreaksOut) {
+  int status = test_support::run_in_child_within(std::chrono::seconds(20), [&] {
+    Pool pool(options());
+    auto consume_then_throw = [](Stream<int>& s) -> Task<int> {
+      co_await s.next();
+      throw std::domain_error("a corrupt sample");
+    };
+    auto consume_then_break = [](Stream<int>& s) -> Task<int> {
+      std::optional<int> first = co_await s.next();
+      co_return *first;
+    };
+    Stream<int> endless = pool.imap(square, std::views::iota(0));
+    bool rethrown = false;
+    try {
+      run(when_all(consume_then_throw(endless), show_progress(endless, "throws")));
+    } catch (const std::domain_error&) {
+      rethrown = true;
+    }
+    check(rethrown, "the consumer's error did not reach the caller");
+    Stream<int> long_one = pool.imap(square, std::views::iota(3, 100000));
+    auto [first, shown] = run(when_all(consume_then_break(long_one), show_progress(long_one, "breaks")));
+    check(first == 9, "the consumer's value was lost");
+    auto map = pool.map_async(sleep_ms, std::vector<int>(40, 50));
+    auto give_up = []() -> Task<void> { throw std::domain_error("no patience"); };
+    rethrown = false;
+    try {
+      run(when_all(give_up(), show_progress(map, "map")));
+    } catch (const std::domain_error&) {
+      rethrown = true;
+    }
+    check(rethrown, "the error beside show_progress(AsyncResult) did not reach the caller");
+  });
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << (WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM ? "hung: show_progress never ended" : "failed");
 }
 
 TEST_P(PoolTest, AStreamStartsWorkAtTheCall) {

@@ -74,6 +74,23 @@ void produce_large_tensors(Queue<Tensor> q, int count) {
   }
 }
 
+// A pipeline stage: forwards `count` tensors from `in` to `out` as they come.
+void relay_tensors(Queue<Tensor> in, Queue<Tensor> out, int count) {
+  for (int n = 0; n < count; ++n) out.put(in.get());
+}
+
+void report_first_value(Queue<float> q, Tensor t) { q.put(t.data<float>()[0]); }
+void announce_with_a_tensor(Event started, Tensor t, Queue<float> report) {
+  started.set();
+  report.put(t.data<float>()[1]);
+}
+// 4 MiB of `value`: a slab of its own.
+Tensor filled(float value) {
+  Tensor t = Tensor::empty({1 << 20}, DType::f32);
+  std::fill_n(t.data<float>(), t.numel(), value);
+  return t;
+}
+
 void put_then_exit_at_once(Queue<Tensor> q, int id) {
   q.put(tensor_number(id));
   std::_Exit(0);  // no destructor, no flush: the item is the kernel's already
@@ -183,6 +200,65 @@ TEST_P(ProcessTest, TensorsThatTheConsumerDropsAreRecycledIntoTheSameSlab) {
   }
   EXPECT_TRUE(p.join(10s));
   EXPECT_LE(slabs.size(), 2u) << "a new slab for every item: nothing came home";
+}
+
+// The relay's next put takes home what the parent dropped: the relay's hold on a block it only
+// borrowed ends there, and that release must not wait for the lock the put holds.
+TEST_P(ProcessTest, AStageThatForwardsTensorsItGotFromAQueueKeepsForwarding) {
+  Queue<Tensor> in(2), out(2);
+  Process producer = start_process(options(), produce_tensors, in, 0, 40);
+  Process relay = start_process(options(), relay_tensors, in, out, 40);
+  for (int id = 0; id < 40; ++id) {
+    std::optional<Tensor> t = out.get(10s);
+    ASSERT_TRUE(t.has_value()) << "the relay stopped after " << id << " tensors";
+    EXPECT_TRUE(is_tensor_number(*t, id));
+  }
+  EXPECT_TRUE(relay.join(10s));
+  EXPECT_TRUE(producer.join(10s));
+}
+
+// The parent as the router: what it forwards comes home through its own next put.
+TEST_P(ProcessTest, TheParentForwardsTensorsFromOneQueueToAnother) {
+  Queue<Tensor> in(2), out(2);
+  Queue<std::vector<int>> seen;
+  Process producer = start_process(options(), produce_tensors, in, 0, 40);
+  Process consumer = start_process(options(), consume_tensors, out, seen, 40);
+  for (int n = 0; n < 40; ++n) {
+    std::optional<Tensor> t = in.get(10s);
+    ASSERT_TRUE(t.has_value());
+    ASSERT_TRUE(out.put(std::move(*t), 10s)) << "forwarding stopped after " << n << " tensors";
+  }
+  std::optional<std::vector<int>> ids = seen.get(10s);
+  ASSERT_TRUE(ids.has_value());
+  std::vector<int> expected(40);
+  for (int i = 0; i < 40; ++i) expected[i] = i;
+  EXPECT_EQ(*ids, expected);
+  EXPECT_TRUE(consumer.join(10s));
+  EXPECT_TRUE(producer.join(10s));
+}
+
+// Work leaves at the call: a tensor in a slab the worker has not seen (its introduction goes
+// first) reaches the worker though the caller then blocks without driving the loop.
+TEST_P(ProcessTest, ATaskWithATensorInANewSlabRunsWhileTheCallerBlocksOnAQueue) {
+  Pool pool({.processes = 1, .start_method = GetParam()});
+  Queue<float> q;
+  for (float value : {3.0f, 4.0f}) {
+    Tensor t = filled(value);
+    AsyncResult<void> done = pool.apply_async(report_first_value, q, t);
+    EXPECT_EQ(q.get(10s), std::optional<float>(value));
+    done.get();
+  }
+}
+
+// Python's p.start(); event.wait() (or a barrier): the process's arguments carry a tensor.
+TEST_P(ProcessTest, AProcessStartedWithATensorRunsWhileTheParentBlocksOnAnEvent) {
+  Event started;
+  Queue<float> report;
+  Tensor t = filled(5.0f);
+  Process p = start_process(options(), announce_with_a_tensor, started, t, report);
+  EXPECT_TRUE(started.wait(10s)) << "the process never started";
+  EXPECT_EQ(report.get(10s), std::optional<float>(5.0f));
+  EXPECT_TRUE(p.join(10s));
 }
 
 TEST_P(ProcessTest, ATensorPutByAProducerThatExitsAtOnceArrives) {

@@ -2,6 +2,7 @@
 // are blocks of slabs mapped once; a slab crosses to a peer once; blocks are lent and come home,
 // and are reused only when no process holds them.
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -31,6 +32,7 @@ namespace {
 
 using test_support::eventually;
 using test_support::open_fd_count;
+using test_support::rss_kib;
 using detail::BlockEntry;
 using detail::OutgoingBlocks;
 using detail::PeerMemory;
@@ -539,6 +541,41 @@ TEST(PeerMemory, AnUnsealedOrShortSlabIsRefusedAndNothingIsMapped) {
     EXPECT_THROW(b->accept_introduction(intro.bytes(), {}), ProtocolError);
   }
   EXPECT_EQ(shared_memory_stats().mapped_bytes, mapped);
+  EXPECT_EQ(open_fd_count(), fds_before);
+}
+
+// One 48-byte message must not make us commit the memory a sparse file claims.
+TEST(PeerMemory, ASparseSlabIsRefusedBeforeAnyOfItIsPagedIn) {
+  auto b = std::make_shared<PeerMemory>();
+  long rss_before = rss_kib();
+  std::vector<UniqueFd> fds;
+  fds.push_back(create_memfd("forkpool-slab", std::size_t{1} << 30));  // 1 GiB, none of it allocated
+  seal_size(fds[0].get());
+  Writer intro = encode(std::vector<std::uint64_t>{1, 0, std::uint64_t{1} << 30});
+  EXPECT_THROW(b->accept_introduction(intro.bytes(), fds), ProtocolError);
+  EXPECT_LT(rss_kib() - rss_before, 64 * 1024) << "the sparse slab was paged in";
+}
+
+// Each slab a peer has us map costs a descriptor: past a bound the peer breaks the protocol.
+TEST(PeerMemory, APeerCannotMakeUsMapSlabsWithoutLimit) {
+  auto b = std::make_shared<PeerMemory>();
+  int fds_before = open_fd_count();
+  bool refused = false;
+  for (std::uint64_t id = 1; id <= 5000 && !refused; ++id) {
+    std::vector<UniqueFd> fds;
+    fds.push_back(create_memfd("forkpool-slab", 4096));
+    ASSERT_EQ(posix_fallocate(fds[0].get(), 0, 4096), 0);
+    seal_size(fds[0].get());
+    Writer intro = encode(std::vector<std::uint64_t>{id, 0, 4096});
+    try {
+      b->accept_introduction(intro.bytes(), fds);
+    } catch (const ProtocolError& e) {
+      refused = true;
+      EXPECT_NE(std::string(e.what()).find("slabs at once"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_TRUE(refused) << "5000 slabs mapped for one peer";
+  b->peer_gone();
   EXPECT_EQ(open_fd_count(), fds_before);
 }
 

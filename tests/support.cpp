@@ -92,6 +92,13 @@ int run_in_child(const std::function<void()>& body) {
   return status;
 }
 
+int run_in_child_within(std::chrono::seconds limit, const std::function<void()>& body) {
+  return run_in_child([&] {
+    alarm(static_cast<unsigned>(limit.count()));
+    body();
+  });
+}
+
 namespace {
 constexpr const char* kFreshProcessVariable = "FORKPOOL_TEST_FRESH_PROCESS";
 }

@@ -81,6 +81,10 @@ void mark_test_run();
 // exits 0 if `body` returns normally, 1 if it throws.
 int run_in_child(const std::function<void()>& body);
 
+// As run_in_child, but the child is killed by SIGALRM if `body` has not returned after `limit`:
+// a test of something that used to hang fails instead of hanging the suite.
+int run_in_child_within(std::chrono::seconds limit, const std::function<void()>& body);
+
 // Runs the current test again, alone, in a new process (this executable exec'd: nothing that
 // earlier tests started is there), and returns its exit status as waitpid() reports it. In that
 // process `in_fresh_process()` is true. For tests about what a process starts once.

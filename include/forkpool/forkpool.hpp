@@ -1,6 +1,10 @@
 #pragma once
 // forkpool: the one header a program includes. It re-exports what the API lists, nothing else.
 
+#if __cplusplus < 202002L
+#error "forkpool needs C++20 (-std=c++20)"
+#else
+
 #include <forkpool/ipc/codec.hpp>
 #include <forkpool/pool/as_completed.hpp>
 #include <forkpool/pool/init.hpp>
@@ -23,3 +27,5 @@
 #include <forkpool/shm/sharing.hpp>
 #include <forkpool/shm/tensor.hpp>
 #include <forkpool/shm/tensor_codec.hpp>
+
+#endif  // C++20

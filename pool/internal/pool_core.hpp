@@ -25,9 +25,9 @@ class PoolCore {
   // Queues a job. Throws PoolClosed after close() or terminate().
   virtual void submit(std::shared_ptr<Job> job) = 0;
   // A stream made before close() goes on feeding its input after it (as Python's imap does):
-  // opened when it is made, closed when its input ends or it is dropped; workers are not
-  // retired while one is open. Its later jobs go through submit_for_stream(), which throws
-  // PoolTerminated after terminate().
+  // opened when it is made (PoolClosed after close() or terminate(), as submit), closed when
+  // its input ends or it is dropped; workers are not retired while one is open. Its later jobs
+  // go through submit_for_stream(), which throws PoolTerminated after terminate().
   virtual void stream_opened() = 0;
   virtual void stream_closed() = 0;
   virtual void submit_for_stream(std::shared_ptr<Job> job) = 0;

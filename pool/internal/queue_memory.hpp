@@ -58,8 +58,10 @@ class QueueMemory final : public StorageReleaseListener, public std::enable_shar
     std::shared_ptr<UniqueFd> owner;  // its release socket
     std::uint64_t slab, offset, count = 0;
   };
-  void collect_releases();  // mutex_ held
-  void came_home(std::uint64_t slab, std::uint64_t offset, std::uint64_t count);  // mutex_ held
+  // Storages whose last hold here ended under mutex_: the caller drops them after unlocking.
+  using Dropped = std::vector<std::shared_ptr<Storage>>;
+  void collect_releases(Dropped& dropped);  // mutex_ held
+  void came_home(std::uint64_t slab, std::uint64_t offset, std::uint64_t count, Dropped& dropped);  // mutex_ held
   void send_pending();  // mutex_ held
   std::shared_ptr<UniqueFd> owner_socket(UniqueFd fd);  // mutex_ held
   void keep_mapped(const std::shared_ptr<Slab>& slab);  // mutex_ held

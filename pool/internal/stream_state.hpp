@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include <forkpool/pool/internal/job.hpp>
@@ -34,7 +35,7 @@ class StreamState : public JobSink {
     return {done_elements_, known_total_};
   }
   // Every result has been handed out (or the stream failed for good).
-  bool finished() const { return exhausted_ && in_flight_ == 0 && position_ >= current_.size(); }
+  bool finished() const { return exhausted_ && in_flight_ == 0 && position_ >= current_.size() && !input_error_; }
 
   // Submits the first window of chunks.
   void start() { fill_window(); }
@@ -51,7 +52,10 @@ class StreamState : public JobSink {
         self->current_ = std::move(outcome->values);
         continue;
       }
-      if (self->in_flight_ == 0 && self->exhausted_) co_return std::nullopt;
+      if (self->in_flight_ == 0 && self->exhausted_) {
+        if (self->input_error_) std::rethrow_exception(std::exchange(self->input_error_, {}));
+        co_return std::nullopt;
+      }
       co_await ChunkArrival{self.get()};
     }
   }
@@ -92,7 +96,8 @@ class StreamState : public JobSink {
 
  protected:
   // Encodes and submits chunk `index` of the input, recording its size with record_chunk_size();
-  // false when the input is exhausted.
+  // false when the input is exhausted. What it throws (the input's own error) is handed out
+  // after every earlier result, as Python's imap does; the input then ends.
   virtual bool submit_chunk(std::size_t index) = 0;
   // The input's size, when it is known before it is read (a sized range).
   void set_known_total(std::size_t total) { known_total_ = total; }
@@ -131,13 +136,31 @@ class StreamState : public JobSink {
 
   void fill_window() {
     while (!exhausted_ && running_ < window_ && in_flight_ - running_ < kReorderLimit) {
-      if (submit_chunk(next_chunk_)) {
+      bool submitted;
+      try {
+        submitted = submit_chunk(next_chunk_);
+      } catch (...) {
+        fail_input(std::current_exception());
+        return;
+      }
+      if (submitted) {
         ++next_chunk_;
         ++in_flight_;
         ++running_;
       } else {
         exhausted_ = true;
       }
+    }
+  }
+
+  // The input threw (or its chunk could not be submitted): kept until every result submitted
+  // before it has been handed out.
+  void fail_input(std::exception_ptr error) {
+    exhausted_ = true;
+    input_error_ = std::move(error);
+    if (auto recorded = chunk_sizes_.find(next_chunk_); recorded != chunk_sizes_.end()) {
+      submitted_elements_ -= recorded->second;
+      chunk_sizes_.erase(recorded);
     }
   }
 
@@ -174,6 +197,7 @@ class StreamState : public JobSink {
   std::size_t done_elements_ = 0;
   std::optional<std::size_t> known_total_;
   bool exhausted_ = false;
+  std::exception_ptr input_error_;  // handed out after every earlier result
   std::map<std::size_t, std::size_t> chunk_sizes_;
   std::map<std::size_t, Outcome> arrived_;
   std::map<std::size_t, Parts> parts_;  // chunks whose parts are arriving separately

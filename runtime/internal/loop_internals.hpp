@@ -18,8 +18,10 @@ struct LoopInternals {
   static void cancel(Loop& loop, Operation* op) { loop.backend_->cancel(op); }
   // True while run(), AsyncResult::get() or run_ready() drives the loop on this thread.
   static bool driving(const Loop& loop) noexcept { return loop.driving_; }
-  // Operations started and not yet completed.
-  static std::size_t outstanding(const Loop& loop) noexcept { return loop.backend_->outstanding(); }
+  // Operations started and not yet completed, not counting the door's read (Loop::post).
+  static std::size_t outstanding(const Loop& loop) noexcept;
+  // Starts the read that Loop::post's eventfd completes.
+  static void open_door(Loop& loop);
   // Runs one turn: delivers completions, blocking for at least one first if `block`.
   static std::size_t turn(Loop& loop, bool block);
   // run() and ~Loop drive the loop until `task` has ended: work that must not be cut short when
@@ -41,7 +43,7 @@ struct LoopInternals {
     Loop& loop_;
   };
 
-  // Turns until `done()`; std::logic_error when nothing in flight can make progress.
+  // Turns until `done()`, waiting for posts (Loop::post) when nothing else is in flight.
   static void drive_until(Loop& loop, const std::function<bool()>& done);
 };
 

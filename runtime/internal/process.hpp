@@ -24,7 +24,8 @@ UniqueFd open_pidfd(pid_t pid);
 
 // The pidfd of our new child `pid` (unreaped, so its pid cannot be recycled meanwhile). When none
 // can be opened the child is killed and reaped, and the error rethrown: a child we cannot watch
-// must not run.
+// must not run. A child already reaped by someone else (the host ignores SIGCHLD) is no error:
+// a descriptor that is readable at once stands in, and its status is unknown.
 UniqueFd watch_child(pid_t pid);
 
 // Reaps the exited child behind `pidfd` (which must be readable). If it is not our child (or
