@@ -8,6 +8,8 @@ namespace forkpool {
 Pool::Pool(PoolOptions options) : core_(detail::PoolCore::create(std::move(options))) {}
 Pool::Pool(PoolOptions options, std::string process_name)
     : core_(detail::PoolCore::create(std::move(options), std::move(process_name))) {}
+Pool::Pool(PoolOptions options, detail::JobsDieWithWorker)
+    : core_(detail::PoolCore::create(std::move(options), {}, /*jobs_die_with_worker=*/true)) {}
 
 Pool::~Pool() {
   if (!core_->in_owner_process()) {

@@ -175,6 +175,8 @@ decltype(auto) owned_input(Range&& inputs) {
   }
 }
 
+struct JobsDieWithWorker {};
+
 template <class T>
 Task<T> await_result(AsyncResult<T> result) {
   co_return co_await std::move(result);
@@ -202,6 +204,10 @@ class Pool {
   explicit Pool(PoolOptions options = {});
   // For Process: a pool whose one worker is the process (WorkerSpec::process_name).
   Pool(PoolOptions options, std::string process_name);
+  // For spawn's ranks: a rank whose worker dies fails (WorkerLost) and is never run again.
+  Pool(PoolOptions options, detail::JobsDieWithWorker);
+  // For Process: the pidfd of its one worker (its own descriptor).
+  UniqueFd worker_pidfd(pid_t pid) const { return core_->worker_pidfd(pid); }
   // terminate(), as leaving Python's `with Pool()` block; outside a coroutine it also waits
   // until every worker is reaped (inside one, run() waits for that before it returns). In a
   // forked child of the process that made the pool, it touches nothing of the parent's.

@@ -40,6 +40,9 @@ constexpr std::size_t kJobsPerWorker = 2;
 // Workers in a row whose initializer threw before the pool gives up and fails its work with the
 // InitializerError (Python's pool would start new ones for ever).
 constexpr int kMaxInitializerFailures = 3;
+// A job whose worker dies before taking it up goes again at no cost, on the worker's word (its
+// RunningSlot), which a task can forge. Past this many such deaths it is charged as if it ran.
+constexpr int kMaxFreeRequeues = 16;
 
 int default_processes() {
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
@@ -84,7 +87,7 @@ Task<void> send_now_or_later(Channel& channel, std::uint16_t kind, std::uint64_t
 
 class PoolCoreImpl final : public PoolCore, public std::enable_shared_from_this<PoolCoreImpl> {
  public:
-  PoolCoreImpl(PoolOptions options, std::string process_name);
+  PoolCoreImpl(PoolOptions options, std::string process_name, bool jobs_die_with_worker);
   void start_workers();
 
   void submit(std::shared_ptr<Job> job) override;
@@ -100,6 +103,7 @@ class PoolCoreImpl final : public PoolCore, public std::enable_shared_from_this<
   int processes() const noexcept override { return processes_; }
   bool terminated() const noexcept override { return terminated_; }
   std::vector<pid_t> worker_pids() const override;
+  UniqueFd worker_pidfd(pid_t pid) const override;
   void shut_down() override;
 
  private:
@@ -125,6 +129,7 @@ class PoolCoreImpl final : public PoolCore, public std::enable_shared_from_this<
 
   PoolOptions options_;
   std::string process_name_;  // non-empty: the workers are Processes
+  bool jobs_die_with_worker_;  // PoolCore::create
   int processes_;
   std::unique_ptr<Launcher> launcher_;
   std::vector<std::shared_ptr<Worker>> workers_;
@@ -159,6 +164,8 @@ struct PoolCoreImpl::Worker {
   bool write_closed = false;    // told to exit once idle
   std::exception_ptr failure;   // it broke the protocol: why its running job fails
   std::exception_ptr initializer_error;  // its initializer threw
+  bool ready = false;           // its initializer succeeded (kReadyMessage): no error can be the initializer's
+  std::uint64_t last_replied = 0;  // the highest request id it answered
   Mapping running_slot;         // RunningSlot: which job it has taken up
   Clock::time_point running_since;  // when its oldest job in flight started (task_timeout)
   std::uint64_t stopped_job = 0;    // killed by us to stop this job (cancel, task_timeout)
@@ -182,8 +189,8 @@ void PoolCore::check_owner(const char* who) const {
                            " called from another thread: a Pool belongs to the thread that made it");
 }
 
-std::shared_ptr<PoolCore> PoolCore::create(PoolOptions options, std::string process_name) {
-  auto core = std::make_shared<PoolCoreImpl>(std::move(options), std::move(process_name));
+std::shared_ptr<PoolCore> PoolCore::create(PoolOptions options, std::string process_name, bool jobs_die_with_worker) {
+  auto core = std::make_shared<PoolCoreImpl>(std::move(options), std::move(process_name), jobs_die_with_worker);
   try {
     core->start_workers();
   } catch (...) {
@@ -193,8 +200,9 @@ std::shared_ptr<PoolCore> PoolCore::create(PoolOptions options, std::string proc
   return core;
 }
 
-PoolCoreImpl::PoolCoreImpl(PoolOptions options, std::string process_name)
-    : options_(std::move(options)), process_name_(std::move(process_name)), processes_(options_.processes > 0 ? options_.processes : default_processes()) {
+PoolCoreImpl::PoolCoreImpl(PoolOptions options, std::string process_name, bool jobs_die_with_worker)
+    : options_(std::move(options)), process_name_(std::move(process_name)),
+      jobs_die_with_worker_(jobs_die_with_worker || !process_name_.empty()), processes_(options_.processes > 0 ? options_.processes : default_processes()) {
   if (options_.processes < 0) throw std::invalid_argument("forkpool: PoolOptions::processes must be >= 0");
   if (options_.maxtasksperchild < 0) throw std::invalid_argument("forkpool: PoolOptions::maxtasksperchild must be >= 0");
   if (options_.max_retries < 0) throw std::invalid_argument("forkpool: PoolOptions::max_retries must be >= 0");
@@ -423,7 +431,19 @@ void PoolCoreImpl::reject(Worker& worker, std::exception_ptr error) {
 }
 
 void PoolCoreImpl::handle_reply(Worker& worker, Message& message) {
-  if (message.request_id == 0 && message.kind == kErrorMessage && !worker.initializer_error) {
+  if (message.request_id == 0 && (message.kind == kErrorMessage || message.kind == kReadyMessage)) {
+    // Only before its first task can a worker speak of its initializer; later, only a task can
+    // have sent this, and it must not steer the pool (count as the initializer failing).
+    if (worker.ready || worker.initializer_error) {
+      reject(worker, std::make_exception_ptr(ProtocolError(
+                         "forkpool: worker " + std::to_string(worker.process.pid) +
+                         " spoke of its initializer after it had succeeded (a task wrote to the pool's socket)")));
+      return;
+    }
+    if (message.kind == kReadyMessage) {
+      worker.ready = true;
+      return;
+    }
     try {
       worker.initializer_error = decode_exception<InitializerError>(message.payload.bytes(), worker.process.pid);
     } catch (...) {
@@ -449,6 +469,7 @@ void PoolCoreImpl::handle_reply(Worker& worker, Message& message) {
   }
   std::shared_ptr<Job> job = std::move(it->second);
   worker.in_flight.erase(it);
+  worker.last_replied = std::max(worker.last_replied, message.request_id);
   if (!worker.in_flight.empty()) worker.running_since = Clock::now();  // it has taken up the next
   try {
     if (message.kind == kResultMessage) {
@@ -500,18 +521,22 @@ void PoolCoreImpl::on_worker_gone(const std::shared_ptr<Worker>& worker) {
   // queue, in order, at no cost to their retries (RunningSlot).
   RunningSlot& slot = worker->slot();
   std::uint64_t last_taken = slot.request_id.load();
+  // A worker takes its jobs in order: one that answered a later job than it claims to have taken
+  // up lied (a task wrote the slot), and none of its jobs goes again for free.
+  bool slot_forged = last_taken < worker->last_replied;
   std::vector<std::pair<std::shared_ptr<Job>, std::exception_ptr>> failed;
   std::deque<std::shared_ptr<Job>> requeued;
   for (auto& [id, job] : worker->in_flight) {
     if (terminated_) {
       failed.emplace_back(job, std::make_exception_ptr(PoolTerminated()));
-    } else if (!process_name_.empty()) {
-      // A Process is its one worker: its end is the task's, whether it took the task up or not.
+    } else if (jobs_die_with_worker_) {
+      // A Process (or a rank) is its worker: its end is the task's, whether it took the task up or not.
       failed.emplace_back(job, std::make_exception_ptr(WorkerLost(worker->process.pid, worker->status.exit_code,
                                                                   worker->status.signal)));
     } else if (id == worker->stopped_job && worker->stop_reason) {
       failed.emplace_back(job, worker->stop_reason);  // ran past task_timeout: not retried
-    } else if (id > last_taken || job->sink->abandoned() || worker->stopped_job) {
+    } else if ((id > last_taken && !slot_forged && job->free_requeues++ < kMaxFreeRequeues) ||
+               job->sink->abandoned() || worker->stopped_job) {
       // Never started, or not wanted any more (dropped at dispatch), or it lost its worker only
       // because we stopped another job there.
       requeued.push_back(job);
@@ -631,6 +656,12 @@ void PoolCoreImpl::shut_down() {
     LoopInternals::DriveGuard guard(loop, "forkpool::Pool::~Pool");
     LoopInternals::drive_until(loop, [this] { return background_.active() == 0; });
   }
+}
+
+UniqueFd PoolCoreImpl::worker_pidfd(pid_t pid) const {
+  for (auto& w : workers_)
+    if (w->process.pid == pid) return duplicate_fd(w->process.pidfd.get());
+  return {};
 }
 
 std::vector<pid_t> PoolCoreImpl::worker_pids() const {

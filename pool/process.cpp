@@ -20,9 +20,9 @@ Process::Process(const ProcessOptions& options)
 void Process::started() {
   pool_->close();
   pid_ = pool_->worker_pids().at(0);
-  // Our own watch on it (it may be the fork server's child, not ours): it waits for its task
-  // now, so this pid is still its own.
-  pidfd_ = detail::open_pidfd(pid_);
+  // Our own watch on it: the pool's pidfd (from the fork server when it is the server's child),
+  // never one opened by pid, which a short task's process may have given up already.
+  pidfd_ = pool_->worker_pidfd(pid_);
 }
 
 Process::Process(Process&&) noexcept = default;

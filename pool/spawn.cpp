@@ -70,7 +70,9 @@ ProcessContext ProcessContext::start_in_pool(int nprocs, StartMethod method,
                                              const std::function<detail::RankOutcome(Pool&, int rank)>& submit) {
   if (nprocs <= 0) throw std::invalid_argument("forkpool: start_processes needs nprocs >= 1");
   ProcessContext context;
-  context.pool_ = std::make_unique<Pool>(PoolOptions{.processes = nprocs, .start_method = method});
+  // A rank runs once: killed before it started, it fails (ProcessExitedException), never reruns.
+  context.pool_ = std::make_unique<Pool>(PoolOptions{.processes = nprocs, .start_method = method},
+                                         detail::JobsDieWithWorker{});
   context.pool_pids_ = context.pool_->worker_pids();
   // Each worker is idle: rank r goes to worker r, the least busy one in turn.
   for (int rank = 0; rank < nprocs; ++rank) context.ranks_.push_back(submit(*context.pool_, rank));

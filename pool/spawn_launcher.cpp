@@ -99,7 +99,7 @@ class SpawnLauncher final : public Launcher {
       bases->insert(object.base);
     }
     int bootstrap_fd = theirs.fd();
-    pid_t pid = spawn_self(bootstrap_fd, environment_for_child({std::string(kSpawnMarker) + "=" + std::to_string(bootstrap_fd)}));
+    pid_t pid = spawn_self(bootstrap_fd, environment_for_child({spawn_marker(bootstrap_fd)}));
     theirs.release();  // the child has it now
     SpawnedWorker worker{pid, watch_child(pid), std::move(bases)};
     bool reaped = false;  // wait_until_ready() reaps a worker that exited before it was ready

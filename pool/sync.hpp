@@ -49,6 +49,8 @@ class Lock {
   Lock();  // Throws std::system_error.
   void lock();
   bool try_lock();
+  // As lock(), but gives up after `timeout`: false, not held.
+  bool try_lock_for(std::chrono::nanoseconds timeout);
   void unlock();
   // Whether the last lock()/try_lock() through this handle took the lock from a holder that died.
   // What that holder guarded may be half-updated.

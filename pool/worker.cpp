@@ -115,6 +115,8 @@ void worker_main(const WorkerSpec& spec, int index, pid_t parent, UniqueFd chann
         exit_helper(kExitInitializerFailed);
       }
     }
+    // From here on nothing can be the initializer's: what a task sends cannot pose as its error.
+    channel.send(kReadyMessage, 0, {});
     for (;;) {
       // What was let go of since (a release of ours freed a slab, say) goes home before we wait.
       send_release(channel, *memory);

@@ -26,6 +26,7 @@
 
 #include <forkpool/runtime/internal/io.hpp>
 #include <forkpool/ipc/internal/channel.hpp>
+#include <forkpool/pool/internal/task_message.hpp>
 #include <forkpool/pool/pool.hpp>
 #include <forkpool/pool/worker_info.hpp>
 #include <forkpool/runtime/loop.hpp>
@@ -42,8 +43,10 @@ using namespace std::chrono_literals;
 struct Shared {
   std::atomic<int> initializer_runs;
   std::atomic<int> running_pid;
+  std::atomic<int> slot_forger_runs;
 };
 Shared* shared() { return &test_support::shared_across_forks<Shared>(); }
+std::atomic<int>& slot_forger_runs() { return shared()->slot_forger_runs; }
 
 int square(int x) { return x * x; }
 int add(int a, int b) { return a + b; }
@@ -85,6 +88,32 @@ int speak_out_of_turn(int x) {
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   return x;
 }
+// A hostile task: tells the parent, as the worker would, that the pool's initializer failed.
+int forge_an_initializer_error(int x) {
+  Channel line{UniqueFd(dup(3))};
+  try {
+    throw std::domain_error("forged");
+  } catch (...) {
+    line.send(detail::kErrorMessage, 0, detail::encode_current_exception().bytes());
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  return x;
+}
+// A hostile task: says (in the worker's running slot) that nothing was taken up, then dies, as
+// if its worker had died before starting it. Counts its runs.
+std::atomic<int>& slot_forger_runs();
+int zero_the_running_slot_and_die(int) {
+  slot_forger_runs().fetch_add(1);
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);) {
+    if (line.find("forkpool-running-slot") == std::string::npos) continue;
+    auto* slot = reinterpret_cast<detail::RunningSlot*>(std::stoull(line, nullptr, 16));
+    slot->request_id.store(0);
+  }
+  raise(SIGKILL);
+  return 0;
+}
+
 // How many processes this one has as children, not counting the /dev/shm name tracker (one per
 // process tree, for the life of the process).
 int child_count() {
@@ -146,6 +175,7 @@ class PoolTest : public ::testing::TestWithParam<StartMethod> {
   void SetUp() override {
     shared()->initializer_runs = 0;
     shared()->running_pid = 0;
+    shared()->slot_forger_runs = 0;
   }
   PoolOptions options(int processes = 2) { return {.processes = processes, .start_method = GetParam()}; }
 };
@@ -736,6 +766,40 @@ TEST_P(PoolTest, AThrowingInitializerIsAnInitializerErrorAndThePoolStopsRestarti
   // Later work fails at once, with the same reason; no worker is started for it.
   EXPECT_THROW(pool.apply_async(square, 2), InitializerError);
   EXPECT_TRUE(pool.worker_pids().empty());
+}
+
+// What a task writes must not steer the pool beyond its own fate: three tasks that pose as a
+// failing initializer fail alone, and the pool serves on.
+TEST_P(PoolTest, TasksThatForgeAnInitializerErrorFailAloneAndThePoolServesOn) {
+  Pool pool(options(1));
+  for (int i = 0; i < 4; ++i) EXPECT_THROW(pool.apply_async(forge_an_initializer_error, i).get(10s), ProtocolError);
+  EXPECT_EQ(pool.apply_async(square, 6).get(10s), 36);
+}
+
+TEST_P(PoolTest, ATaskThatForgesNotHavingStartedIsNotRunAgainForEver) {
+  Pool pool(options(1));
+  EXPECT_EQ(pool.apply_async(square, 2).get(10s), 4);  // the worker answered: a later lie shows
+  EXPECT_THROW(pool.apply_async(zero_the_running_slot_and_die, 0).get(30s), WorkerLost);
+  EXPECT_EQ(slot_forger_runs().load(), 1);
+  slot_forger_runs() = 0;
+  // On fresh workers the lie cannot be told from a death before the start: a bounded few runs.
+  Pool fresh(options(1));
+  EXPECT_THROW(fresh.apply_async(zero_the_running_slot_and_die, 0).get(60s), WorkerLost);
+  EXPECT_LE(slot_forger_runs().load(), 17);
+  EXPECT_EQ(fresh.apply_async(square, 3).get(10s), 9);
+}
+
+// A spawn mark left in the environment (exported by a shell, inherited from a worker) is not
+// ours: the program runs as itself.
+TEST_P(PoolTest, AStraySpawnMarkInTheEnvironmentIsIgnored) {
+  for (const char* mark : {"3", "3:1", "0:0", "garbage"}) {
+    int status = test_support::run_in_child_within(std::chrono::seconds(20), [&] {
+      setenv("FORKPOOL_SPAWNED_WORKER", mark, 1);
+      Pool pool(options(1));
+      check(pool.apply_async(square, 5).get() == 25, "a wrong result");
+    });
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "with FORKPOOL_SPAWNED_WORKER=" << mark << ": status " << status;
+  }
 }
 
 TEST_P(PoolTest, APoolWhoseConstructorThrowsLeavesNothingBehind) {

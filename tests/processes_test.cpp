@@ -302,6 +302,21 @@ TEST_P(ProcessTest, ALockWhoseHolderIsKilledPassesToTheNextWhoSeesThePreviousOwn
   lock.unlock();
 }
 
+TEST_P(ProcessTest, TryLockForGivesUpAfterItsTimeoutAndTakesALockWhoseHolderDied) {
+  Lock lock;
+  Event held;
+  Process p = start_process(options(), hold_the_lock, lock, held);
+  ASSERT_TRUE(held.wait(10s));
+  auto started = std::chrono::steady_clock::now();
+  EXPECT_FALSE(lock.try_lock_for(50ms));
+  EXPECT_GE(std::chrono::steady_clock::now() - started, 50ms);
+  p.kill();
+  ASSERT_TRUE(p.join(10s));
+  ASSERT_TRUE(lock.try_lock_for(10s));
+  EXPECT_TRUE(lock.previous_owner_died());
+  lock.unlock();
+}
+
 TEST_P(ProcessTest, ABarrierOfThreeProcessesLetsNoneThroughBeforeAllArrived) {
   Barrier barrier(3);
   Queue<std::string> log;

@@ -94,6 +94,25 @@ TEST_P(Spawn, AKilledRankRaisesProcessExitedExceptionWithTheSignalName) {
   }
 }
 
+// torch's test_signal_raises: a rank killed at once (before it took up its function, as likely
+// as not) is that rank's failure; it is never run again in a new process.
+TEST_P(Spawn, ARankKilledRightAfterTheStartIsReportedAndNotRunAgain) {
+  for (int round = 0; round < 3; ++round) {
+    ProcessContext context = start_processes([](int) { std::this_thread::sleep_for(10s); }, 2, options(false));
+    std::vector<pid_t> pids = context.pids();
+    ASSERT_EQ(kill(pids[0], SIGKILL), 0);
+    auto started = std::chrono::steady_clock::now();
+    try {
+      while (!context.join(5s)) ASSERT_LT(std::chrono::steady_clock::now() - started, 5s) << "the rank ran again";
+      FAIL() << "no exception";
+    } catch (const ProcessExitedException& e) {
+      EXPECT_EQ(e.rank(), 0);
+      EXPECT_EQ(e.pid(), pids[0]);
+      EXPECT_EQ(e.signal(), SIGKILL);
+    }
+  }
+}
+
 TEST_P(Spawn, AnExitCodeIsReported) {
   try {
     spawn([](int) { std::_Exit(3); }, 1, options());

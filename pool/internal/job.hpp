@@ -42,6 +42,7 @@ struct Job {
   Attachments attachments;   // descriptors the arguments carry otherwise
   ElementRange range;        // the elements of the chunk this job runs
   int attempts = 0;          // runs lost with a dying worker so far
+  int free_requeues = 0;     // times its worker died before (by the worker's word) taking it up
   // A part of a chunk sent again after its worker died (job_part()): the job it came from,
   // whose blocks and attachments it uses.
   std::shared_ptr<Job> whole;

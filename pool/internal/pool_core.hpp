@@ -19,7 +19,10 @@ class PoolCore {
  public:
   // Starts the workers (and, for forkserver, the fork server). Nothing is left behind if it throws.
   // `process_name` non-empty: the workers are Processes (WorkerSpec::process_name).
-  static std::shared_ptr<PoolCore> create(PoolOptions options, std::string process_name = {});
+  // `jobs_die_with_worker` (spawn's ranks; always for Processes): a job whose worker dies fails
+  // with WorkerLost, even one the worker had not taken up, and never runs again.
+  static std::shared_ptr<PoolCore> create(PoolOptions options, std::string process_name = {},
+                                          bool jobs_die_with_worker = false);
   virtual ~PoolCore() = default;
 
   // Queues a job. Throws PoolClosed after close() or terminate().
@@ -40,6 +43,8 @@ class PoolCore {
   virtual bool terminated() const noexcept = 0;
   virtual int processes() const noexcept = 0;
   virtual std::vector<pid_t> worker_pids() const = 0;
+  // A descriptor of its own for the live worker `pid`'s pidfd (invalid when there is none).
+  virtual UniqueFd worker_pidfd(pid_t) const { return {}; }
   // For ~Pool: terminate(), and have the workers reaped before the loop's run() returns (now,
   // when the loop is not being driven).
   virtual void shut_down() = 0;

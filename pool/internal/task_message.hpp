@@ -60,6 +60,7 @@ enum MessageKind : std::uint16_t {
   kHelloMessage = 5,
   kLoadObjectMessage = 6,
   kSlabMessage = 7,
+  kReadyMessage = 8,  // worker -> parent, once: its initializer succeeded, tasks come next
 };
 
 // Shared between the parent and one worker: the request id of the last task the worker took up
