@@ -189,7 +189,6 @@ using StartForkServer = std::tuple<int, std::uint64_t, std::string, ObjectRecord
       Message request = control.receive();
       if (request.kind != kStartForkServer || request.fds.empty() || request.fds.size() > 2) exit_helper(kExitBadMessage);
       auto [maxtasksperchild, initializer, process_name, record] = decode<StartForkServer>(request.payload.bytes());
-      pid_t server = getpid();
       pid_t pid = fork_helper();
       int fork_error = errno;
       if (pid == 0) {
@@ -206,7 +205,9 @@ using StartForkServer = std::tuple<int, std::uint64_t, std::string, ObjectRecord
           std::fprintf(stderr, "forkpool: fork server: %s\n", e.what());
           exit_helper(kExitBadMessage);
         }
-        zygote_main(spec, server, std::move(pool_control));
+        // Not bound to us: the pool's socket is its lifeline (end-of-file when the pool's process
+        // dies), so the pool's workers run on if we are killed; only new pools need a new server.
+        zygote_main(spec, /*parent=*/0, std::move(pool_control));
       }
       start_child_and_reply(control, request, children, [&] {
         if (pid < 0) throw std::system_error(fork_error, std::generic_category(), "fork");
@@ -227,7 +228,7 @@ class ProgramForkServer {
   // it would share its socket, and their replies would cross): null elsewhere.
   static ProgramForkServer* get() {
     ProgramForkServer* server = instance().get();
-    return server && server->owner_ == current_pid() ? server : nullptr;
+    return server && !server->gone_ && server->owner_ == current_pid() ? server : nullptr;
   }
 
   static void start() {
@@ -241,7 +242,7 @@ class ProgramForkServer {
       ours.release().reset();
       program_server_main(parent, theirs.release(), own);
     }
-    instance().reset(new ProgramForkServer(std::move(ours), std::move(own)));  // it dies with us
+    instance().reset(new ProgramForkServer(pid, std::move(ours), std::move(own)));  // it dies with us
   }
 
   // Forks a fork server for a pool, serving `control` (its end), whose workers run `spec`;
@@ -254,8 +255,16 @@ class ProgramForkServer {
       if (auto object = object_at(initializer)) record = record_of(*object);
     std::vector<int> fds{control};
     if (int tracker = name_tracker_socket(); tracker >= 0) fds.push_back(tracker);
-    channel_.send(kStartForkServer, ++next_id_, encode(StartForkServer(spec.maxtasksperchild, initializer, spec.process_name, record)).bytes(), fds);
-    Message reply = channel_.receive();
+    Message reply;
+    try {
+      channel_.send(kStartForkServer, ++next_id_, encode(StartForkServer(spec.maxtasksperchild, initializer, spec.process_name, record)).bytes(), fds);
+      reply = channel_.receive();
+    } catch (const ChannelClosed&) {
+      // It was killed: reaped here (our child, or a zombie for ever), and never asked again.
+      gone_ = true;
+      waitpid(pid_, nullptr, 0);
+      throw;
+    }
     if (reply.kind != kStartForkServer || reply.request_id != next_id_) throw ProtocolError("forkpool: the program's fork server replied out of turn");
     auto pid = decode<std::int64_t>(reply.payload.bytes());
     if (pid < 0) throw std::system_error(static_cast<int>(-pid), std::generic_category(), "forkpool: fork (in the program's fork server)");
@@ -264,8 +273,8 @@ class ProgramForkServer {
   }
 
  private:
-  ProgramForkServer(Channel channel, std::shared_ptr<const std::set<std::uintptr_t>> objects)
-      : owner_(current_pid()), channel_(std::move(channel)), objects_(std::move(objects)) {}
+  ProgramForkServer(pid_t pid, Channel channel, std::shared_ptr<const std::set<std::uintptr_t>> objects)
+      : owner_(current_pid()), pid_(pid), channel_(std::move(channel)), objects_(std::move(objects)) {}
 
   static std::unique_ptr<ProgramForkServer>& instance() {
     static std::unique_ptr<ProgramForkServer> server;  // lives (and runs) as long as the program
@@ -273,6 +282,8 @@ class ProgramForkServer {
   }
 
   pid_t owner_;
+  pid_t pid_;          // the server: our child
+  bool gone_ = false;  // it was found dead
   Channel channel_;
   std::shared_ptr<const std::set<std::uintptr_t>> objects_;  // what it and its children have
   std::mutex mutex_;

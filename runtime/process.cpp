@@ -145,6 +145,7 @@ ExitStatus reap(int pidfd) {
 void send_signal(int pidfd, int signal) noexcept { syscall(SYS_pidfd_send_signal, pidfd, signal, nullptr, 0); }
 
 void die_with_parent(pid_t expected_parent) noexcept {
+  if (expected_parent == 0) return;  // its lifeline is a socket instead
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   // The parent may have died between fork() and prctl(): then nobody would ever kill us.
   if (getppid() != expected_parent) _exit(kExitOrphaned);

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include <forkpool/pool/pool.hpp>
+#include <forkpool/pool/process.hpp>
 #include <forkpool/runtime/loop.hpp>
 #include "support.hpp"
 
@@ -96,6 +97,35 @@ TEST_P(HelperFailureTest, AForkServerThatIsKilledIsReplacedAndThePoolServesOn) {
   EXPECT_EQ(process_state(server), '?');  // reaped, not a zombie
   std::vector<int> xs{1, 2, 3, 4};
   EXPECT_EQ(run(pool.map(square, xs)), (std::vector<int>{1, 4, 9, 16}));
+}
+
+int slow_square(int x) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  return x * x;
+}
+
+// CPython's test_forkserver_sigkill: work that runs finishes; only new starts need a new server.
+TEST_P(HelperFailureTest, KillingTheProgramsForkServerLetsRunningWorkFinish) {
+  SKIP_UNLESS_FORK_SERVER();
+  if (!test_support::in_fresh_process()) {
+    int status = test_support::rerun_in_fresh_process();  // the program's server is killed for good
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 0);
+    return;
+  }
+  Pool pool(options(2));
+  Process process = start_process({.start_method = StartMethod::forkserver}, slow_square, 3);
+  std::vector<int> xs{1, 2, 3, 4};
+  AsyncResult<std::vector<int>> running = pool.map_async(slow_square, xs, 1);
+  std::vector<pid_t> servers = children_named("forkpool-server");
+  ASSERT_EQ(servers.size(), 1u);
+  kill(servers[0], SIGKILL);
+  EXPECT_EQ(running.get(10s), (std::vector<int>{1, 4, 9, 16}));
+  EXPECT_TRUE(process.join(10s));
+  EXPECT_EQ(process.exitcode(), std::optional<int>(0));
+  Pool later(options(1));  // starts its own fork server
+  EXPECT_EQ(later.apply_async(square, 7).get(10s), 49);
+  EXPECT_EQ(process_state(servers[0]), '?');  // reaped, not a zombie
 }
 
 TEST_P(HelperFailureTest, AForkErrorInTheForkServerFailsThatStartAndTheServerLives) {

@@ -36,7 +36,8 @@ ExitStatus reap(int pidfd);
 void send_signal(int pidfd, int signal) noexcept;
 
 // Makes the calling (freshly forked) process die with `expected_parent` (PR_SET_PDEATHSIG), and
-// exit at once if the parent is already gone. Names it `name` (comm and cmdline).
+// exit at once if the parent is already gone; 0: not (a process whose lifeline is a socket from
+// another process than its parent). Names it `name` (comm and cmdline).
 void die_with_parent(pid_t expected_parent) noexcept;
 void set_process_name(const std::string& name) noexcept;
 
