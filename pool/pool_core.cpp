@@ -20,6 +20,7 @@
 #include <forkpool/ipc/internal/memfd.hpp>
 #include <forkpool/pool/internal/launcher.hpp>
 #include <forkpool/pool/worker_info.hpp>
+#include <forkpool/shm/sharing.hpp>
 #include <forkpool/pool/internal/peer_memory.hpp>
 #include <forkpool/pool/internal/task_message.hpp>
 #include <forkpool/runtime/internal/process.hpp>
@@ -248,7 +249,9 @@ void PoolCoreImpl::start_worker() {
   background_.start(watch(worker));  // from here on its death is noticed, whatever fails below
   int slot_fd = slot.get();
   try {
-    Writer hello = encode(std::tuple<int, int, std::uint64_t>(worker->index, processes_, seed));
+    // The sharing strategy of now: a worker from a fork server started earlier has that one's.
+    Writer hello = encode(std::tuple<int, int, std::uint64_t, SharingStrategy>(worker->index, processes_, seed,
+                                                                              get_sharing_strategy()));
     worker->channel->send(kHelloMessage, 0, hello.bytes(), std::span(&slot_fd, 1));  // an empty socket: no wait
     // A block let go here, on any thread, goes home to the worker at once. The line owns its
     // own descriptor, so it stays valid however the release races with the worker's end.

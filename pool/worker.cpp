@@ -14,6 +14,7 @@
 #include <forkpool/ipc/internal/memfd.hpp>
 #include <forkpool/pool/internal/peer_memory.hpp>
 #include <forkpool/pool/worker_info.hpp>
+#include <forkpool/shm/sharing.hpp>
 #include <forkpool/shm/internal/storage.hpp>
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/internal/describe_exception.hpp>
@@ -82,8 +83,11 @@ Mapping receive_hello(Channel& channel) {
   Message hello = channel.receive();
   if (hello.kind != kHelloMessage || hello.fds.size() != 1)
     throw ProtocolError("forkpool: the parent's first message is not a hello with one descriptor");
-  auto [id, workers, seed] = decode<std::tuple<int, int, std::uint64_t>>(hello.payload.bytes());
+  auto [id, workers, seed, strategy] = decode<std::tuple<int, int, std::uint64_t, SharingStrategy>>(hello.payload.bytes());
+  if (strategy != SharingStrategy::file_descriptor && strategy != SharingStrategy::file_system)
+    throw ProtocolError("forkpool: the parent's hello names no sharing strategy");
   set_worker_info({id, workers, getpid(), seed});
+  set_sharing_strategy(strategy);  // the parent's, as a forked worker would have it
   check_sealed_memfd(hello.fds[0].get(), kRunningSlotBytes, "forkpool: running slot");
   return Mapping::map(hello.fds[0].get(), kRunningSlotBytes, PROT_READ | PROT_WRITE);
 }

@@ -90,6 +90,18 @@ TEST_P(FileSystemTest, ATensorAWorkerMadeOutlivesThatWorkerWhenThePoolCameBefore
   EXPECT_EQ(pool.apply_async(sum, t).get(), 999L * 1000 / 2);
 }
 
+int strategy_in_worker(int) { return static_cast<int>(get_sharing_strategy()); }
+
+// The suite's main called init() before this test chose file_system: a worker from the fork
+// server started then follows the parent's choice of now, as a forked one would.
+TEST_P(FileSystemTest, WorkersFollowTheStrategySetAfterInit) {
+  Pool pool(options(1));
+  EXPECT_EQ(pool.apply_async(strategy_in_worker, 0).get(10s), static_cast<int>(SharingStrategy::file_system));
+  set_sharing_strategy(SharingStrategy::file_descriptor);
+  Pool later(options(1));
+  EXPECT_EQ(later.apply_async(strategy_in_worker, 0).get(10s), static_cast<int>(SharingStrategy::file_descriptor));
+}
+
 TEST_P(FileSystemTest, JunkATaskWritesToTheTrackerSpoilsNoRegistration) {
   int names[2];
   ASSERT_EQ(pipe(names), 0);
