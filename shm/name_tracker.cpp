@@ -157,6 +157,9 @@ bool receive_message(int socket, std::string& message, pid_t& sender) {
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, nullptr);  // blocked since the fork (fork_helper)
   prctl(PR_SET_NAME, "forkpool-shm");
+  // A session (and process group) of its own: a kill of the program's whole group (a job
+  // control SIGKILL, a supervisor's killpg) leaves it to unlink what the group held.
+  setsid();
   close_descriptors_from(3, {socket});
   TrackerState state;
   std::string message;

@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <numeric>
@@ -127,6 +128,45 @@ TEST_P(FileSystemTest, JunkATaskWritesToTheTrackerSpoilsNoRegistration) {
   kill(child, SIGKILL);
   waitpid(child, nullptr, 0);
   EXPECT_TRUE(eventually([&] { return !segment_exists(name); })) << name << " outlived its only holder";
+}
+
+TEST_P(FileSystemTest, NothingIsLeftAfterTheWholeProcessGroupIsKilled) {
+  if (!in_fresh_process()) {
+    int status = rerun_in_fresh_process();  // a process tree whose tracker the group will hold
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 0);
+    return;
+  }
+  int names[2];
+  ASSERT_EQ(pipe(names), 0);
+  pid_t child = fork();
+  if (child == 0) {
+    setpgid(0, 0);  // a job of its own, as a shell makes
+    close(names[0]);
+    Pool pool(options(1));  // starts the tree's tracker, in this group
+    Tensor ours = Tensor::zeros({1024}, DType::f32);
+    Tensor theirs = pool.apply_async(iota_tensor, 1000).get();
+    std::string text = ours.storage()->name() + "\n" + theirs.storage()->name() + "\n";
+    if (write(names[1], text.data(), text.size()) < 0) _exit(3);
+    pause();  // until SIGKILL
+    _exit(4);
+  }
+  close(names[1]);
+  std::string text;
+  char buffer[512];
+  // Two lines (the child keeps its end open until it is killed).
+  for (ssize_t n; std::count(text.begin(), text.end(), '\n') < 2 && (n = read(names[0], buffer, sizeof buffer)) > 0;)
+    text.append(buffer, static_cast<std::size_t>(n));
+  close(names[0]);
+  std::vector<std::string> made;
+  for (std::size_t at = 0, end; (end = text.find('\n', at)) != std::string::npos; at = end + 1)
+    made.push_back(text.substr(at, end - at));
+  ASSERT_EQ(made.size(), 2u) << "the child failed before it made its tensors";
+  for (const std::string& name : made) ASSERT_TRUE(segment_exists(name)) << name;
+  kill(-child, SIGKILL);  // the whole group: the child, and whatever of its helpers share the group
+  waitpid(child, nullptr, 0);
+  for (const std::string& name : made)
+    EXPECT_TRUE(eventually([&] { return !segment_exists(name); }, 5s)) << name << " was left in /dev/shm";
 }
 
 TEST_P(FileSystemTest, ASegmentLargerThanDevShmIsAnExceptionAtAllocation) {
