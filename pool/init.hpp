@@ -4,7 +4,8 @@
 
 namespace forkpool {
 
-// Call first in main(), before the program makes threads, parses arguments or may exit.
+// Call first in main(), before the program makes threads or may exit (reading arguments before
+// it is fine: that code runs again in every spawned worker).
 // - In a spawned worker (a fresh run of the program started by a pool under StartMethod::spawn):
 //   serves the pool's tasks and never returns. Code before this call runs again in every
 //   spawned worker, as in Python.

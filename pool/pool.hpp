@@ -112,9 +112,9 @@ class ApplySink final : public JobSink {
 template <class R>
 void connect_cancel(ResultState<R>& state, const std::shared_ptr<PoolCore>& core, const JobSink* sink) {
   state.set_canceller([weak = std::weak_ptr<PoolCore>(core), sink] {
-    if (auto core = weak.lock()) {
-      core->check_owner("AsyncResult::cancel");
-      core->cancel(sink);
+    if (auto live = weak.lock()) {
+      live->check_owner("AsyncResult::cancel");
+      live->cancel(sink);
     }
   });
 }

@@ -187,7 +187,8 @@ void PoolCore::check_owner(const char* who) const {
     throw std::logic_error(std::string("forkpool: ") + who + " called in a forked child: a Pool belongs to the process that made it");
   if (std::this_thread::get_id() != owner_thread_)
     throw std::logic_error(std::string("forkpool: ") + who +
-                           " called from another thread: a Pool belongs to the thread that made it");
+                           " called from another thread: a Pool belongs to the thread that made it; hand "
+                           "the call to that thread with Loop::post (docs/embedding.md)");
 }
 
 std::shared_ptr<PoolCore> PoolCore::create(PoolOptions options, std::string process_name, bool jobs_die_with_worker) {

@@ -559,6 +559,7 @@ TEST_P(PoolTest, UseFromAnotherThreadIsALogicErrorNamingTheRule) {
   });
   other.join();
   EXPECT_NE(message.find("a Pool belongs to the thread that made it"), std::string::npos) << message;
+  EXPECT_NE(message.find("Loop::post"), std::string::npos) << "the message names the way out: " << message;
   EXPECT_EQ(pool.apply_async(square, 3).get(), 9);  // and it still serves its own thread
 }
 

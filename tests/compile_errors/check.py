@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Each snippet here must fail to compile, with the message its first line expects: the
 compile-time rules (no pointers in plain aggregates, a codec for every value) say what to do.
+And the public headers compile warning-free under a user's strict flags.
 Usage: check.py INCLUDE_DIR COMPILER [ARGS...]"""
 import pathlib
 import subprocess
@@ -22,4 +23,13 @@ for snippet in sorted(pathlib.Path(__file__).parent.glob("*.cpp")):
         failures += 1
     else:
         print(f"ok   {snippet.name}: '{expected}' ({len(run.stderr.splitlines())} lines of diagnostics)")
+strict = ["-std=c++20", "-fsyntax-only", "-Wall", "-Wextra", "-Wshadow", "-Wpedantic", "-Werror", "-I", include,
+          "-x", "c++", "-"]
+run = subprocess.run(compiler + strict, input="#include <forkpool/forkpool.hpp>\nint main() {}\n",
+                     capture_output=True, text=True)
+if run.returncode != 0:
+    print(f"FAIL <forkpool/forkpool.hpp> under {' '.join(strict[2:7])}:\n{run.stderr[:3000]}")
+    failures += 1
+else:
+    print("ok   <forkpool/forkpool.hpp> compiles under -Wall -Wextra -Wshadow -Wpedantic -Werror")
 sys.exit(1 if failures else 0)
