@@ -109,8 +109,10 @@ inline constexpr bool is_sendable_function_v =
 template <class F>
 void check_sendable() {
   static_assert(is_sendable_function_v<F>,
-                "forkpool: a task must be a function pointer or a lambda without captures; a lambda with "
-                "captures cannot cross into a worker process: pass the data as arguments instead");
+                "forkpool: a task must be a function pointer or a lambda without captures: a "
+                "std::function, a member function pointer, a functor with state or a lambda with "
+                "captures cannot cross into a worker process; pass the data (or the object) as "
+                "arguments instead");
 }
 
 template <class F>
@@ -131,13 +133,36 @@ F rebuild_function(std::uintptr_t bits) {
   }
 }
 
+// Whether f can take a decoded element (spread: its tuple's values) as they arrive, as rvalues.
+template <class F, class Tuple>
+struct ApplyResult {
+  using type = decltype(std::apply(std::declval<F&>(), std::declval<Tuple>()));
+};
+
+template <class F, class Element, bool Spread>
+inline constexpr bool takes_element_v = std::is_invocable_v<F&, Element>;
+template <class F, class... Args>
+inline constexpr bool takes_element_v<F, std::tuple<Args...>, true> = std::is_invocable_v<F&, Args...>;
+template <class F, class A, class B>
+inline constexpr bool takes_element_v<F, std::pair<A, B>, true> = std::is_invocable_v<F&, A, B>;
+
 template <class F, class Element, bool Spread>
 struct CallResultOf {
-  using type = std::invoke_result_t<F&, Element>;
+  static_assert(takes_element_v<F, Element, Spread>,
+                "forkpool: the task cannot be called with these arguments as they arrive (values, "
+                "decoded in the worker): take each by value or by const reference; a non-const "
+                "reference would change a copy the caller never sees, so return the new value instead");
+  using type = typename std::conditional_t<takes_element_v<F, Element, Spread>,
+                                           std::invoke_result<F&, Element>, std::type_identity<void>>::type;
 };
 template <class F, class Element>
 struct CallResultOf<F, Element, true> {
-  using type = decltype(std::apply(std::declval<F&>(), std::declval<Element>()));
+  static_assert(takes_element_v<F, Element, true>,
+                "forkpool: the task cannot be called with these arguments as they arrive (values, "
+                "decoded in the worker): take each by value or by const reference; a non-const "
+                "reference would change a copy the caller never sees, so return the new value instead");
+  using type = typename std::conditional_t<takes_element_v<F, Element, true>,
+                                           ApplyResult<F, Element>, std::type_identity<void>>::type;
 };
 
 // Each element of a chunk is one call. Spread: the element is a tuple of arguments; otherwise
