@@ -76,17 +76,20 @@ bool Channel::try_send(std::uint16_t kind, std::uint64_t request_id, std::span<c
   return true;
 }
 
+// A peer that closed its end with our messages unread makes the kernel report ECONNRESET once,
+// before the messages the peer sent us: it says nothing of those, which are read on (a worker's
+// last word, sent just before it exited with a task of ours unread). End-of-file follows them.
 Message Channel::receive() {
   long rc;
   do rc = ::recvmsg(fd_.get(), receiver().prepare(), kReceiveFlags);
-  while (rc < 0 && errno == EINTR);
+  while (rc < 0 && (errno == EINTR || errno == ECONNRESET));
   return receiver().finish(rc < 0 ? -errno : rc);
 }
 
 std::optional<Message> Channel::try_receive() {
   long rc;
   do rc = ::recvmsg(fd_.get(), receiver().prepare(), kReceiveFlags | MSG_DONTWAIT);
-  while (rc < 0 && errno == EINTR);
+  while (rc < 0 && (errno == EINTR || errno == ECONNRESET));
   if (rc < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return std::nullopt;
   return receiver().finish(rc < 0 ? -errno : rc);
 }
@@ -99,7 +102,9 @@ Task<void> Channel::async_send(std::uint16_t kind, std::uint64_t request_id, std
 }
 
 Task<Message> Channel::async_receive(IoOptions options) {
-  int rc = co_await async_recvmsg(fd_.get(), receiver().prepare(), kReceiveFlags, options);
+  int rc;
+  do rc = co_await async_recvmsg(fd_.get(), receiver().prepare(), kReceiveFlags, options);
+  while (rc == -ECONNRESET);  // reported once, before what the peer sent (receive())
   if (rc == -ECANCELED || rc == -ETIMEDOUT) throw std::system_error(-rc, std::generic_category(), "forkpool: receive");
   co_return receiver().finish(rc);
 }

@@ -54,6 +54,25 @@ TEST(Channel, CarriesKindIdPayloadAndADescriptor) {
   EXPECT_TRUE(fcntl(m.fds[0].get(), F_GETFD) & FD_CLOEXEC);
 }
 
+// A peer that exits with our message unread: the kernel says ECONNRESET first, but what the peer
+// sent before it went (a worker's initializer error) is still read, then end-of-file.
+TEST(Channel, APeersLastMessagesAreReadThoughItClosedWithOursUnread) {
+  for (int form = 0; form < 3; ++form) {
+    auto [ours, theirs] = Channel::make_pair();
+    std::vector<std::byte> last_word(8, std::byte{7});
+    theirs.send(3, 0, last_word);
+    ours.send(1, 42, last_word);  // never read
+    theirs = Channel(UniqueFd());  // closed with our message in its queue
+    Message got;
+    if (form == 0) got = ours.receive();
+    if (form == 1) got = *ours.try_receive();
+    if (form == 2) got = run(ours.async_receive());
+    EXPECT_EQ(got.kind, 3) << "form " << form;
+    EXPECT_EQ(got.payload.bytes().size(), 8u);
+    EXPECT_THROW(ours.receive(), ChannelClosed);
+  }
+}
+
 TEST(Channel, CarriesTheMaximumNumberOfDescriptors) {
   auto [a, b] = Channel::make_pair();
   std::vector<UniqueFd> fds;
