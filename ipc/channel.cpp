@@ -97,7 +97,9 @@ std::optional<Message> Channel::try_receive() {
 Task<void> Channel::async_send(std::uint16_t kind, std::uint64_t request_id, std::span<const std::byte> payload,
                                std::span<const int> fds, IoOptions options) {
   OutgoingFrame frame(kind, request_id, payload, fds, inline_limit());
-  int rc = co_await async_sendmsg(fd_.get(), frame.message(), kSendFlags, options);
+  long rc = -EAGAIN;
+  if (!options.stop.get().stop_requested()) rc = sendmsg_retrying(fd_.get(), frame, kSendFlags | MSG_DONTWAIT);
+  if (rc == -EAGAIN || rc == -EWOULDBLOCK) rc = co_await async_sendmsg(fd_.get(), frame.message(), kSendFlags, options);
   check_sent(rc, frame);
 }
 

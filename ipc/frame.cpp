@@ -126,9 +126,9 @@ Message FrameReceiver::finish(long result) {
     // A payload is written whole by its sender. One with holes (16 real bytes claiming a GiB)
     // would make us fault in, and decode, memory the sender never paid for.
     struct stat st {};
-    if (fstat(fds.front().get(), &st) != 0 || static_cast<std::uint64_t>(st.st_blocks) * 512 < payload_size)
+    if (fstat(fds.front().get(), &st) != 0 || allocated_bytes(st) < payload_size)
       throw fail("payload memfd of " + std::to_string(payload_size) + " bytes has only " +
-                 std::to_string(static_cast<std::uint64_t>(st.st_blocks) * 512) + " written");
+                 std::to_string(allocated_bytes(st)) + " written");
     message.payload = Payload(Mapping::map(fds.front().get(), payload_size, PROT_READ), payload_size);
     fds.erase(fds.begin());
   } else {

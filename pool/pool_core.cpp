@@ -76,14 +76,6 @@ void send_release(PeerMemory& memory, Channel& line) {
   memory.restore(std::move(release));
 }
 
-// Sends at once when the socket has room, so that work leaves at the call even if the caller
-// then blocks without driving the loop (a Queue::get, Event::wait); on the loop when it is full.
-Task<void> send_now_or_later(Channel& channel, std::uint16_t kind, std::uint64_t request_id,
-                             std::span<const std::byte> payload, std::span<const int> fds = {}) {
-  if (channel.try_send(kind, request_id, payload, fds)) co_return;
-  co_await channel.async_send(kind, request_id, payload, fds);
-}
-
 }  // namespace
 
 class PoolCoreImpl final : public PoolCore, public std::enable_shared_from_this<PoolCoreImpl> {
@@ -359,14 +351,14 @@ Task<void> PoolCoreImpl::send(std::shared_ptr<Worker> worker, std::shared_ptr<Jo
   std::exception_ptr send_error;
   try {
     for (const LoadedObject* object : objects_to_introduce(*worker, job->payload)) {
-      co_await send_now_or_later(*worker->channel, kLoadObjectMessage, 0, encode_object(*object).bytes());
+      co_await worker->channel->async_send(kLoadObjectMessage, 0, encode_object(*object).bytes());
       worker->objects_sent.insert(object->base);  // only once it went out: a failed send says it again
     }
     if (introduction) {
-      co_await send_now_or_later(*worker->channel, kSlabMessage, 0, introduction->payload.bytes(), introduction->fds);
+      co_await worker->channel->async_send(kSlabMessage, 0, introduction->payload.bytes(), introduction->fds);
       introduction.reset();  // the worker knows those slabs now, whatever becomes of the task
     }
-    co_await send_now_or_later(*worker->channel, kTaskMessage, id, job->payload, job->root().attachments.fds());
+    co_await worker->channel->async_send(kTaskMessage, id, job->payload, job->root().attachments.fds());
   } catch (const ChannelClosed&) {
     // The worker died: its death fails or retries this job.
   } catch (...) {

@@ -8,10 +8,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <ctime>
 #include <climits>
 #include <stdexcept>
 #include <system_error>
@@ -133,18 +131,9 @@ void Lock::lock() { took(pthread_mutex_lock(&page_->as<LockState>()->mutex)); }
 bool Lock::try_lock() { return took(pthread_mutex_trylock(&page_->as<LockState>()->mutex)); }
 
 bool Lock::try_lock_for(std::chrono::nanoseconds timeout) {
-  // pthread's timed lock takes a CLOCK_REALTIME deadline; the _clock form, the steady one.
-  timespec deadline{};
-  clock_gettime(CLOCK_MONOTONIC, &deadline);
-  auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(timeout).count();
-  constexpr long long kSecond = 1'000'000'000;
-  long long seconds = std::min<long long>(ns / kSecond, 1LL << 40);  // "for ever" stays representable
-  deadline.tv_sec += static_cast<time_t>(seconds);
-  deadline.tv_nsec += static_cast<long>(ns % kSecond);
-  if (deadline.tv_nsec >= kSecond) {
-    deadline.tv_sec += 1;
-    deadline.tv_nsec -= kSecond;
-  }
+  // pthread's timed lock takes a CLOCK_REALTIME deadline; the _clock form, the steady one's.
+  __kernel_timespec when = to_kernel_time(forkpool::deadline_after(timeout));  // saturates: "for ever"
+  timespec deadline{static_cast<time_t>(when.tv_sec), static_cast<long>(when.tv_nsec)};
   int rc = pthread_mutex_clocklock(&page_->as<LockState>()->mutex, CLOCK_MONOTONIC, &deadline);
   return rc == ETIMEDOUT ? false : took(rc);
 }

@@ -101,9 +101,9 @@ std::shared_ptr<Slab> Slab::adopt(UniqueFd fd, std::size_t min_bytes) {
   std::size_t size = check_sealed_memfd(fd.get(), st, min_bytes, "forkpool: slab");
   // Its owner reserved every byte (create()); a sparse file would be allocated here by page_in,
   // at the sender's word: one small message could make us commit gigabytes.
-  if (static_cast<std::uint64_t>(st.st_blocks) * 512 < size)
+  if (allocated_bytes(st) < size)
     throw ProtocolError("forkpool: a slab of " + std::to_string(size) + " bytes of which only " +
-                        std::to_string(static_cast<std::uint64_t>(st.st_blocks) * 512) + " are allocated");
+                        std::to_string(allocated_bytes(st)) + " are allocated");
   std::shared_ptr<Slab> slab(new Slab());
   slab->mapping_ = Mapping::map(fd.get(), size, PROT_READ | PROT_WRITE);
   page_in(slab->mapping_);

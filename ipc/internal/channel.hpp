@@ -33,8 +33,10 @@ class Channel {
   bool try_send(std::uint16_t kind, std::uint64_t request_id, std::span<const std::byte> payload,
                 std::span<const int> fds = {});
 
-  // On the calling thread's loop. An operation that is stopped or passes its deadline throws
-  // std::system_error (ECANCELED or ETIMEDOUT).
+  // On the calling thread's loop. Sent at once when the socket has room (so the message leaves
+  // at the call, even if the caller then blocks without driving the loop), else through the
+  // loop. An operation that is stopped or passes its deadline throws std::system_error
+  // (ECANCELED or ETIMEDOUT).
   Task<void> async_send(std::uint16_t kind, std::uint64_t request_id, std::span<const std::byte> payload,
                         std::span<const int> fds = {}, IoOptions options = {});
   Task<Message> async_receive(IoOptions options = {});

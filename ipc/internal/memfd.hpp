@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 
 #include <forkpool/runtime/internal/unique_fd.hpp>
@@ -26,5 +27,9 @@ UniqueFd sealed_memfd_with(const char* name, std::span<const std::byte> bytes);
 std::size_t check_sealed_memfd(int fd, std::size_t min_size, const char* what);
 // The same, for a caller that has fstat()ed `fd` already.
 std::size_t check_sealed_memfd(int fd, const struct stat& st, std::size_t min_size, const char* what);
+
+// Bytes of the file that are backed by memory (not holes): what a sender really wrote or
+// reserved, however large it says the file is.
+inline std::uint64_t allocated_bytes(const struct stat& st) { return static_cast<std::uint64_t>(st.st_blocks) * 512; }
 
 }  // namespace forkpool

@@ -146,23 +146,15 @@ inline constexpr bool takes_element_v<F, std::tuple<Args...>, true> = std::is_in
 template <class F, class A, class B>
 inline constexpr bool takes_element_v<F, std::pair<A, B>, true> = std::is_invocable_v<F&, A, B>;
 
+// (void when f cannot take it: the static_assert's message is then the only error.)
 template <class F, class Element, bool Spread>
 struct CallResultOf {
   static_assert(takes_element_v<F, Element, Spread>,
                 "forkpool: the task cannot be called with these arguments as they arrive (values, "
                 "decoded in the worker): take each by value or by const reference; a non-const "
                 "reference would change a copy the caller never sees, so return the new value instead");
-  using type = typename std::conditional_t<takes_element_v<F, Element, Spread>,
-                                           std::invoke_result<F&, Element>, std::type_identity<void>>::type;
-};
-template <class F, class Element>
-struct CallResultOf<F, Element, true> {
-  static_assert(takes_element_v<F, Element, true>,
-                "forkpool: the task cannot be called with these arguments as they arrive (values, "
-                "decoded in the worker): take each by value or by const reference; a non-const "
-                "reference would change a copy the caller never sees, so return the new value instead");
-  using type = typename std::conditional_t<takes_element_v<F, Element, true>,
-                                           ApplyResult<F, Element>, std::type_identity<void>>::type;
+  using Result = std::conditional_t<Spread, ApplyResult<F, Element>, std::invoke_result<F&, Element>>;
+  using type = typename std::conditional_t<takes_element_v<F, Element, Spread>, Result, std::type_identity<void>>::type;
 };
 
 // Each element of a chunk is one call. Spread: the element is a tuple of arguments; otherwise
