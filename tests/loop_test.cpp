@@ -19,7 +19,6 @@
 #include <thread>
 #include <vector>
 
-#include <forkpool/runtime/internal/one_shot.hpp>
 #include <forkpool/runtime/internal/io.hpp>
 #include <forkpool/runtime/internal/process.hpp>
 #include <forkpool/runtime/loop.hpp>
@@ -264,21 +263,27 @@ TEST(Loop, RunReadyFromInsideACoroutineThrows) {
   EXPECT_TRUE(run(body()));
 }
 
+// Drives the loop until a posted function stops `done`, or `limit` passes (a broken door then
+// fails the test instead of hanging it).
+void run_until_stopped(std::stop_source& done, std::chrono::seconds limit) {
+  auto body = [&]() -> Task<void> { co_await wait_until(deadline_after(limit), done.get_token()); };
+  run(body());
+}
+
 // Loop::post, the door for other threads: also run under TSan (the "threads" suite).
-TEST(LoopPostThreadsTest, APostFromAnotherThreadWakesALoopThatWaitsOnNothingElse) {
+TEST(LoopPostThreadsTest, APostFromAnotherThreadWakesALoopAsleepInTheKernel) {
   Loop& loop = Loop::current();
-  OneShot posted;
+  std::stop_source posted;
   std::thread::id ran_on;
-  auto body = [&]() -> Task<void> { co_await posted; };
   auto started = std::chrono::steady_clock::now();
   std::thread poster([&] {
     std::this_thread::sleep_for(50ms);  // the loop is asleep in the kernel by now
     loop.post([&] {
       ran_on = std::this_thread::get_id();
-      posted.set();
+      posted.request_stop();
     });
   });
-  run(body());
+  run_until_stopped(posted, 10s);
   poster.join();
   EXPECT_EQ(ran_on, std::this_thread::get_id());
   EXPECT_LT(std::chrono::steady_clock::now() - started, 5s);
@@ -289,19 +294,18 @@ TEST(LoopPostThreadsTest, PostsFromManyThreadsAllRunOnTheLoopInEachThreadsOrder)
   constexpr int kThreads = 4, kEach = 2000;
   std::vector<std::vector<int>> seen(kThreads);  // touched on the loop's thread only
   int total = 0;
-  OneShot all_ran;
+  std::stop_source all_ran;
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t)
     threads.emplace_back([&, t] {
       for (int i = 0; i < kEach; ++i)
         loop.post([&, t, i] {
           seen[t].push_back(i);
-          if (++total == kThreads * kEach) all_ran.set();
+          if (++total == kThreads * kEach) all_ran.request_stop();
         });
     });
   loop.post([] { throw std::runtime_error("a posted function that throws (reported, harmless)"); });
-  auto body = [&]() -> Task<void> { co_await all_ran; };
-  run(body());
+  run_until_stopped(all_ran, 20s);
   for (auto& t : threads) t.join();
   for (int t = 0; t < kThreads; ++t) {
     ASSERT_EQ(seen[t].size(), static_cast<std::size_t>(kEach));
