@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <numeric>
+#include <optional>
 #include <ranges>
 #include <vector>
 
@@ -41,6 +42,57 @@ long rss_kib() {
 }
 
 BENCHMARK(BM_RawSocketpairPingPong64B)->UseRealTime();
+BENCHMARK(BM_RawSpinThenFutexPingPong)->UseRealTime();
+
+// PoolOptions::spin for Arg 0 (adaptive, the default) and 1 (never spin: the kernel wakes).
+std::optional<std::chrono::nanoseconds> spin_arg(long arg) {
+  if (arg == 1) return std::chrono::nanoseconds{0};
+  return std::nullopt;
+}
+
+// Back to back, one in flight: the latency of a trivial task. Arg: spin_arg.
+void BM_ApplyAsyncRoundTripSpin(benchmark::State& state) {
+  fp::PoolOptions options{.processes = 2};
+  options.spin = spin_arg(state.range(0));
+  fp::Pool pool(options);
+  auto body = [&]() -> fp::Task<void> {
+    for (int i = 0; i < 200; ++i) co_await pool.apply_async(ident, i);
+    for (auto _ : state) benchmark::DoNotOptimize(co_await pool.apply_async(ident, 1));
+  };
+  fp::run(body());
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_ApplyAsyncRoundTripSpin)->Arg(0)->Arg(1)->UseRealTime();
+
+// 100,000 trivial tasks in flight at once, then every result: tasks per second. Arg: spin_arg.
+void BM_ApplyAsync100kInFlight(benchmark::State& state) {
+  fp::PoolOptions options{.processes = 2};
+  options.spin = spin_arg(state.range(0));
+  fp::Pool pool(options);
+  std::vector<fp::AsyncResult<int>> results;
+  results.reserve(100'000);
+  for (auto _ : state) {
+    results.clear();
+    for (int i = 0; i < 100'000; ++i) results.push_back(pool.apply_async(ident, i));
+    for (auto& r : results) benchmark::DoNotOptimize(r.get());
+  }
+  state.SetItemsProcessed(state.iterations() * 100'000);
+}
+BENCHMARK(BM_ApplyAsync100kInFlight)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// imap at chunksize 1 over 100,000 items: items per second. Arg: spin_arg.
+void BM_ImapChunksize1(benchmark::State& state) {
+  fp::PoolOptions options{.processes = 2};
+  options.spin = spin_arg(state.range(0));
+  fp::Pool pool(options);
+  auto body = [&]() -> fp::Task<void> {
+    fp::Stream<int> results = pool.imap(ident, std::views::iota(0, 100'000), 1);
+    while (auto r = co_await results.next()) benchmark::DoNotOptimize(*r);
+  };
+  for (auto _ : state) fp::run(body());
+  state.SetItemsProcessed(state.iterations() * 100'000);
+}
+BENCHMARK(BM_ImapChunksize1)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 // Arg: task_timeout in ms (0: none), to see what the timeout machinery costs.
 void BM_ApplyAsyncRoundTrip(benchmark::State& state) {

@@ -28,3 +28,70 @@ inline void BM_RawSocketpairPingPong64B(benchmark::State& state) {
   waitpid(pid, nullptr, 0);
   state.SetItemsProcessed(state.iterations());
 }
+
+// The machine's limit for a round trip that may sleep: a forked child and the parent over one
+// shared page, each side polling up to 2 µs for its turn and then sleeping on a futex, and the
+// other side waking it only when it announced sleep (../shared/anchors/latency/futex_pingpong.c
+// with a spin of 2000 ns). forkpool's rings do the same, plus validation and the event loop.
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+
+namespace raw_pingpong {
+
+struct Turn {
+  alignas(64) std::atomic<std::uint32_t> value{0};
+  std::atomic<std::uint32_t> sleeping{0};
+};
+
+inline void wait_for(Turn& turn, std::uint32_t want) {
+  auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(2);
+  while (turn.value.load(std::memory_order_acquire) != want)
+    if (std::chrono::steady_clock::now() > until) {
+      turn.sleeping.store(1, std::memory_order_seq_cst);
+      std::uint32_t seen;
+      while ((seen = turn.value.load(std::memory_order_seq_cst)) != want)
+        syscall(SYS_futex, &turn.value, FUTEX_WAIT, seen, nullptr, nullptr, 0);
+      turn.sleeping.store(0, std::memory_order_relaxed);
+      return;
+    }
+}
+
+inline void give(Turn& turn, std::uint32_t value) {
+  turn.value.store(value, std::memory_order_seq_cst);
+  if (turn.sleeping.load(std::memory_order_seq_cst)) syscall(SYS_futex, &turn.value, FUTEX_WAKE, 1, nullptr, nullptr, 0);
+}
+
+}  // namespace raw_pingpong
+
+inline void BM_RawSpinThenFutexPingPong(benchmark::State& state) {
+  using raw_pingpong::Turn;
+  void* page = mmap(nullptr, 2 * sizeof(Turn), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (page == MAP_FAILED) std::abort();
+  Turn* ping = new (page) Turn;
+  Turn* pong = new (static_cast<char*>(page) + sizeof(Turn)) Turn;
+  constexpr std::uint32_t kStop = ~std::uint32_t{0};
+  pid_t pid = fork();
+  if (pid == 0) {
+    for (std::uint32_t n = 1;; ++n) {
+      raw_pingpong::wait_for(*ping, n);
+      if (ping->value.load() == kStop) _exit(0);
+      raw_pingpong::give(*pong, n);
+    }
+  }
+  std::uint32_t n = 0;
+  for (auto _ : state) {
+    ++n;
+    raw_pingpong::give(*ping, n);
+    raw_pingpong::wait_for(*pong, n);
+  }
+  raw_pingpong::give(*ping, kStop);
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  munmap(page, 2 * sizeof(Turn));
+  state.SetItemsProcessed(state.iterations());
+}

@@ -16,6 +16,7 @@
 #include <string>
 
 #include <forkpool/ipc/internal/channel.hpp>
+#include <forkpool/ipc/internal/link.hpp>
 #include <forkpool/ipc/internal/mapping.hpp>
 #include <forkpool/ipc/internal/memfd.hpp>
 #include <forkpool/pool/internal/launcher.hpp>
@@ -119,6 +120,9 @@ class PoolCoreImpl final : public PoolCore, public std::enable_shared_from_this<
   Task<void> watch(std::shared_ptr<Worker> worker);
   Task<void> send_outbox(std::shared_ptr<Worker> worker);
   Task<void> send(std::shared_ptr<Worker> worker, std::shared_ptr<Job> job, std::uint64_t id);
+  Task<void> relay_wakes(std::shared_ptr<Worker> worker);
+  static void send_release_now(Worker& worker);
+  std::uint64_t worker_spin_polls() const override;
 
   PoolOptions options_;
   std::string process_name_;  // non-empty: the workers are Processes
@@ -145,6 +149,8 @@ struct PoolCoreImpl::Worker {
   int index = 0;
   SpawnedWorker process;
   std::optional<Channel> channel;
+  std::unique_ptr<ParentLink> link;  // its messages: the rings, and the socket for descriptors
+  std::stop_source wake_stop;        // ends the link's watch_wakes() once the worker is gone
   std::map<std::uint64_t, std::shared_ptr<Job>> in_flight;  // by request id
   std::shared_ptr<PeerMemory> memory = std::make_shared<PeerMemory>();  // the slabs and blocks we share
   std::shared_ptr<Channel> release_line;  // its socket again, for releases sent from any thread
@@ -173,6 +179,8 @@ struct PoolCoreImpl::Worker {
 PoolCore::PoolCore() : owner_thread_(std::this_thread::get_id()), owner_pid_(current_pid()) {}
 
 bool PoolCore::in_owner_process() const noexcept { return current_pid() == owner_pid_; }
+
+
 
 void PoolCore::check_owner(const char* who) const {
   if (!in_owner_process())
@@ -232,20 +240,26 @@ void PoolCoreImpl::start_worker() {
   // Where the worker will say which job it runs: its first message carries it.
   UniqueFd slot = create_memfd("forkpool-running-slot", kRunningSlotBytes);
   seal_size(slot.get());
+  LinkResources link = LinkResources::create();
+  Mapping rings = map_link_rings(link.rings.get());
   auto worker = std::make_shared<Worker>();
   worker->running_slot = Mapping::map(slot.get(), kRunningSlotBytes, PROT_READ | PROT_WRITE);
   worker->index = free_worker_id();
   std::uint64_t seed = worker_seed(seed_base_, worker->index, generations_[worker->index]++);
   worker->process = launcher_->spawn(worker->index, theirs.release());
   worker->channel.emplace(ours.release());
+  int hello_fds[] = {slot.get(), link.rings.get(), link.worker_wake.get(), link.parent_wake.get()};
+  worker->link = std::make_unique<ParentLink>(*worker->channel, std::move(rings), std::move(link.parent_wake),
+                                              std::move(link.worker_wake), options_.spin);
   workers_.push_back(worker);
   background_.start(watch(worker));  // from here on its death is noticed, whatever fails below
-  int slot_fd = slot.get();
+  background_.start(relay_wakes(worker));
   try {
     // The sharing strategy of now: a worker from a fork server started earlier has that one's.
-    Writer hello = encode(std::tuple<int, int, std::uint64_t, SharingStrategy>(worker->index, processes_, seed,
-                                                                              get_sharing_strategy()));
-    worker->channel->send(kHelloMessage, 0, hello.bytes(), std::span(&slot_fd, 1));  // an empty socket: no wait
+    std::int64_t spin = options_.spin ? options_.spin->count() : -1;
+    Writer hello = encode(std::tuple<int, int, std::uint64_t, SharingStrategy, std::int64_t>(
+        worker->index, processes_, seed, get_sharing_strategy(), spin));
+    worker->channel->send(kHelloMessage, 0, hello.bytes(), hello_fds);  // an empty socket: no wait
     // A block let go here, on any thread, goes home to the worker at once. The line owns its
     // own descriptor, so it stays valid however the release races with the worker's end.
     worker->release_line = std::make_shared<Channel>(duplicate_fd(worker->channel->fd()));
@@ -255,8 +269,35 @@ void PoolCoreImpl::start_worker() {
     background_.start(serve(worker));  // reads to end-of-file, then lets the worker go
     throw;
   }
-  worker->memory->on_release_due([line = worker->release_line](PeerMemory& memory) { send_release(memory, *line); });
+  // On the pool's thread a release takes the ring, in order with the next task (which may want
+  // the block back); elsewhere the socket, at once.
+  // (The memory may outlive this core: the callback holds nothing of it.)
+  worker->memory->on_release_due([line = worker->release_line, weak = std::weak_ptr<Worker>(worker),
+                                  thread = std::this_thread::get_id(), pid = current_pid()](PeerMemory& memory) {
+    if (std::this_thread::get_id() == thread && current_pid() == pid)
+      if (std::shared_ptr<Worker> alive = weak.lock()) return send_release_now(*alive);
+    send_release(memory, *line);
+  });
   background_.start(serve(worker));
+}
+
+Task<void> PoolCoreImpl::relay_wakes(std::shared_ptr<Worker> worker) {
+  co_await worker->link->watch_wakes(worker->wake_stop.get_token());
+}
+
+// On the pool's thread: through the ring when it has room, else the socket.
+void PoolCoreImpl::send_release_now(Worker& worker) {
+  PeerMemory::Release release = worker.memory->take_release();
+  if (release.empty()) return;
+  if (worker.link->try_send_loose(kReleaseMessage, release.encode().bytes())) return;
+  worker.memory->restore(std::move(release));
+  send_release(*worker.memory, *worker.release_line);
+}
+
+std::uint64_t PoolCoreImpl::worker_spin_polls() const {
+  std::uint64_t polls = 0;
+  for (auto& w : workers_) polls += w->link->worker_spin_polls();
+  return polls;
 }
 
 void PoolCoreImpl::submit(std::shared_ptr<Job> job) {
@@ -316,6 +357,7 @@ void PoolCoreImpl::dispatch() {
     std::uint64_t id = ++next_request_id_;
     if (worker->in_flight.empty()) worker->running_since = Clock::now();  // it starts this one at once
     worker->in_flight.emplace(id, job);
+    worker->link->set_expecting(true);
     if (options_.maxtasksperchild > 0 && ++worker->assigned >= options_.maxtasksperchild) worker->retiring = true;
     worker->outbox.emplace_back(id, std::move(job));
     if (!worker->sending) background_.start(send_outbox(std::move(worker)));
@@ -345,22 +387,25 @@ Task<void> PoolCoreImpl::send_outbox(std::shared_ptr<Worker> worker) {
 }
 
 Task<void> PoolCoreImpl::send(std::shared_ptr<Worker> worker, std::shared_ptr<Job> job, std::uint64_t id) {
-  send_release(*worker->memory, *worker->release_line);
+  send_release_now(*worker);
   // The worker keeps slabs mapped: only those new to it are introduced, with their descriptors.
   std::optional<PeerMemory::Introduction> introduction = worker->memory->lend(job->root().blocks);
   std::exception_ptr send_error;
+  ParentLink& link = *worker->link;
   try {
     for (const LoadedObject* object : objects_to_introduce(*worker, job->payload)) {
-      co_await worker->channel->async_send(kLoadObjectMessage, 0, encode_object(*object).bytes());
+      co_await link.async_send(kLoadObjectMessage, 0, encode_object(*object).bytes());
       worker->objects_sent.insert(object->base);  // only once it went out: a failed send says it again
     }
     if (introduction) {
-      co_await worker->channel->async_send(kSlabMessage, 0, introduction->payload.bytes(), introduction->fds);
+      co_await link.async_send(kSlabMessage, 0, introduction->payload.bytes(), introduction->fds);
       introduction.reset();  // the worker knows those slabs now, whatever becomes of the task
     }
-    co_await worker->channel->async_send(kTaskMessage, id, job->payload, job->root().attachments.fds());
+    co_await link.async_send(kTaskMessage, id, job->payload, job->root().attachments.fds());
   } catch (const ChannelClosed&) {
     // The worker died: its death fails or retries this job.
+  } catch (const ProtocolError&) {
+    reject(*worker, std::current_exception());  // it broke its ring: its death fails this job
   } catch (...) {
     send_error = std::current_exception();
   }
@@ -371,6 +416,7 @@ Task<void> PoolCoreImpl::send(std::shared_ptr<Worker> worker, std::shared_ptr<Jo
   auto it = worker->in_flight.find(id);
   if (it == worker->in_flight.end()) co_return;
   worker->in_flight.erase(it);
+  link.set_expecting(!worker->in_flight.empty());
   job->sink->chunk_failed(job->chunk, send_error);
   dispatch();
 }
@@ -398,19 +444,21 @@ std::vector<const LoadedObject*> PoolCoreImpl::objects_to_introduce(const Worker
 
 Task<void> PoolCoreImpl::serve(std::shared_ptr<Worker> worker) {
   auto self = shared_from_this();  // the core outlives every coroutine that uses it
+  ParentLink& link = *worker->link;
   for (;;) {
     std::optional<Message> message;
     try {
-      message.emplace(co_await worker->channel->async_receive());
+      message = link.try_receive();
     } catch (const ChannelClosed&) {
-      break;
-    } catch (const ProtocolError&) {
-      reject(*worker, std::current_exception());
-      continue;  // drained, unread, until end-of-file
+      break;  // the worker is gone and everything it sent is read
     } catch (...) {
-      // The socket itself failed: nothing more can be read from it.
+      // A broken ring or frame: nothing more is read from it until the worker is gone.
       reject(*worker, std::current_exception());
-      break;
+      continue;
+    }
+    if (!message) {
+      co_await link.arrival();
+      continue;
     }
     if (!worker->failure) handle_reply(*worker, *message);
   }
@@ -465,6 +513,7 @@ void PoolCoreImpl::handle_reply(Worker& worker, Message& message) {
   }
   std::shared_ptr<Job> job = std::move(it->second);
   worker.in_flight.erase(it);
+  worker.link->set_expecting(!worker.in_flight.empty());
   worker.last_replied = std::max(worker.last_replied, message.request_id);
   if (!worker.in_flight.empty()) worker.running_since = Clock::now();  // it has taken up the next
   try {
@@ -490,7 +539,7 @@ void PoolCoreImpl::handle_reply(Worker& worker, Message& message) {
     job->sink->chunk_failed(job->chunk, std::current_exception());
   }
   job.reset();  // may let go of blocks
-  send_release(*worker.memory, *worker.release_line);  // with any the socket could not take earlier
+  send_release_now(worker);  // with any the socket could not take earlier
   dispatch();  // after close(), this also retires the worker once it is idle
 }
 
@@ -505,11 +554,13 @@ Task<void> PoolCoreImpl::watch(std::shared_ptr<Worker> worker) {
   // Whatever the worker sent before dying is still read; then the reader sees end-of-file even
   // if a grandchild kept the worker's end of the socket open.
   worker->channel->shutdown_read();
+  worker->link->peer_gone();
   worker->exited.set();
 }
 
 void PoolCoreImpl::on_worker_gone(const std::shared_ptr<Worker>& worker) {
   std::erase(workers_, worker);
+  worker->wake_stop.request_stop();
   worker->memory->peer_gone();
   if (worker->initializer_error && ++initializer_failures_ >= kMaxInitializerFailures) broken_ = worker->initializer_error;
 

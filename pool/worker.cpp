@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include <forkpool/ipc/internal/channel.hpp>
+#include <forkpool/ipc/internal/link.hpp>
 #include <forkpool/ipc/internal/mapping.hpp>
 #include <forkpool/ipc/internal/memfd.hpp>
 #include <forkpool/pool/internal/peer_memory.hpp>
@@ -26,13 +27,13 @@ namespace forkpool::detail {
 namespace {
 
 // Sends the blocks and slabs let go of here, if any.
-void send_release(Channel& channel, PeerMemory& memory) {
+void send_release(WorkerLink& link, PeerMemory& memory) {
   if (PeerMemory::Release release = memory.take_release(); !release.empty())
-    channel.send(kReleaseMessage, 0, release.encode().bytes());
+    link.send(kReleaseMessage, 0, release.encode().bytes());
 }
 
 // Throws ProtocolError when the message's blocks are not valid: the conversation is broken.
-void serve_task(Channel& channel, Message& task, PeerMemory& memory, RunningSlot& running,
+void serve_task(WorkerLink& link, Message& task, PeerMemory& memory, RunningSlot& running,
                 const ObjectTranslation& objects, const WorkerSpec& spec) {
   // Taken up from here: a crash while decoding is this task's too, never the next one's.
   running.element.store(0, std::memory_order_relaxed);
@@ -43,7 +44,7 @@ void serve_task(Channel& channel, Message& task, PeerMemory& memory, RunningSlot
     try {
       throw Cancelled();
     } catch (...) {
-      channel.send(kErrorMessage, task.request_id, encode_current_exception().bytes());
+      link.send(kErrorMessage, task.request_id, encode_current_exception().bytes());
     }
     return;
   }
@@ -64,32 +65,44 @@ void serve_task(Channel& channel, Message& task, PeerMemory& memory, RunningSlot
       exit_helper(1);
     }
     call.blocks = IncomingBlocks({});
-    send_release(channel, memory);
-    channel.send(kErrorMessage, task.request_id, encode_current_exception().bytes());
+    send_release(link, memory);
+    link.send(kErrorMessage, task.request_id, encode_current_exception().bytes());
     return;
   }
   // The arguments are gone: what only they held goes home with the result.
   call.blocks = IncomingBlocks({});
   append_release(out, memory.take_release().encode().bytes());
   if (auto introduction = memory.lend(reply))
-    channel.send(kSlabMessage, 0, introduction->payload.bytes(), introduction->fds);
-  channel.send(kResultMessage, task.request_id, out.bytes(), out.fds());
+    link.send(kSlabMessage, 0, introduction->payload.bytes(), introduction->fds);
+  link.send(kResultMessage, task.request_id, out.bytes(), out.fds());
   give_back_buffer(std::move(out.buffer()));
 }
 
-// The parent's first message: who this worker is (worker_info()), and the slot it reports its
-// running task in.
-Mapping receive_hello(Channel& channel) {
-  Message hello = channel.receive();
-  if (hello.kind != kHelloMessage || hello.fds.size() != 1)
-    throw ProtocolError("forkpool: the parent's first message is not a hello with one descriptor");
-  auto [id, workers, seed, strategy] = decode<std::tuple<int, int, std::uint64_t, SharingStrategy>>(hello.payload.bytes());
+bool is_loose(std::uint16_t kind) { return kind == kReleaseMessage; }
+
+// The parent's first message: who this worker is (worker_info()), the slot it reports its
+// running task in, and its link's rings and eventfds.
+struct Hello {
+  Mapping slot;
+  std::optional<WorkerLink> link;
+};
+
+void receive_hello(Channel& channel, Hello& hello) {
+  Message message = channel.receive();
+  if (message.kind != kHelloMessage || message.fds.size() != 4)
+    throw ProtocolError("forkpool: the parent's first message is not a hello with four descriptors");
+  auto [id, workers, seed, strategy, spin] =
+      decode<std::tuple<int, int, std::uint64_t, SharingStrategy, std::int64_t>>(message.payload.bytes());
   if (strategy != SharingStrategy::file_descriptor && strategy != SharingStrategy::file_system)
     throw ProtocolError("forkpool: the parent's hello names no sharing strategy");
   set_worker_info({id, workers, getpid(), seed});
   set_sharing_strategy(strategy);  // the parent's, as a forked worker would have it
-  check_sealed_memfd(hello.fds[0].get(), kRunningSlotBytes, "forkpool: running slot");
-  return Mapping::map(hello.fds[0].get(), kRunningSlotBytes, PROT_READ | PROT_WRITE);
+  check_sealed_memfd(message.fds[0].get(), kRunningSlotBytes, "forkpool: running slot");
+  hello.slot = Mapping::map(message.fds[0].get(), kRunningSlotBytes, PROT_READ | PROT_WRITE);
+  std::optional<std::chrono::nanoseconds> bound;
+  if (spin >= 0) bound = std::chrono::nanoseconds(spin);
+  hello.link.emplace(channel, map_link_rings(message.fds[1].get()), std::move(message.fds[2]),
+                     std::move(message.fds[3]), bound, &is_loose);
 }
 
 }  // namespace
@@ -108,23 +121,25 @@ void worker_main(const WorkerSpec& spec, int index, pid_t parent, UniqueFd chann
   int served = 0;
   auto memory = std::make_shared<PeerMemory>();  // shared memory between the parent and us
   try {
-    Mapping slot = receive_hello(channel);
-    auto& running = *reinterpret_cast<RunningSlot*>(slot.data());
+    Hello hello;
+    receive_hello(channel, hello);
+    WorkerLink& link = *hello.link;
+    auto& running = *reinterpret_cast<RunningSlot*>(hello.slot.data());
     if (spec.initializer) {
       try {
         spec.initializer();
       } catch (...) {
         // The parent reports it (InitializerError) and decides whether to start another.
-        channel.send(kErrorMessage, 0, encode_current_exception().bytes());
+        link.send(kErrorMessage, 0, encode_current_exception().bytes());
         exit_helper(kExitInitializerFailed);
       }
     }
     // From here on nothing can be the initializer's: what a task sends cannot pose as its error.
-    channel.send(kReadyMessage, 0, {});
+    link.send(kReadyMessage, 0, {});
     for (;;) {
       // What was let go of since (a release of ours freed a slab, say) goes home before we wait.
-      send_release(channel, *memory);
-      Message message = channel.receive();
+      send_release(link, *memory);
+      Message message = link.receive();
       if (message.kind == kLoadObjectMessage) {
         objects.load(decode_object(message.payload.bytes()));
         continue;
@@ -140,7 +155,7 @@ void worker_main(const WorkerSpec& spec, int index, pid_t parent, UniqueFd chann
       if (message.kind != kTaskMessage)
         throw ProtocolError("forkpool: the parent sent a message of unknown kind " + std::to_string(message.kind));
       // Everything the task made is destroyed before the next one starts.
-      serve_task(channel, message, *memory, running, objects, spec);
+      serve_task(link, message, *memory, running, objects, spec);
       if (spec.maxtasksperchild > 0 && ++served >= spec.maxtasksperchild) break;
     }
   } catch (const ChannelClosed&) {

@@ -6,6 +6,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -162,11 +163,68 @@ void detail::LoopInternals::start(Loop& loop, Operation* op) {
   if (!loop.in_turn_) loop.backend_->flush();
 }
 
+void detail::LoopInternals::add_spinner(Loop& loop, Spinner* spinner) { loop.spinners_.push_back(spinner); }
+
+void detail::LoopInternals::remove_spinner(Loop& loop, Spinner* spinner) noexcept { std::erase(loop.spinners_, spinner); }
+
+namespace {
+
+// Tells every spinner's peer to wake us through the kernel from now on; counts what came first.
+std::size_t announce_sleep(std::vector<detail::Spinner*>& spinners) {
+  std::size_t handled = 0;
+  for (std::size_t i = 0; i < spinners.size(); ++i) handled += spinners[i]->prepare_to_sleep() ? 1 : 0;
+  return handled;
+}
+
+// Before a blocking turn sleeps: polls the spinners (and now and then the kernel's completions)
+// for as long as the largest budget; if nothing came, lets each announce the sleep. Returns what
+// it handled; zero means the turn may sleep. A spinner may remove itself while polled: iterate
+// by index.
+std::size_t spin_before_sleep(std::vector<detail::Spinner*>& spinners, detail::Backend& backend) {
+  constexpr int kPollsPerClockRead = 16;
+  std::chrono::nanoseconds budget{0};
+  for (std::size_t i = 0; i < spinners.size(); ++i) budget = std::max(budget, spinners[i]->spin_budget());
+  std::size_t handled = 0;
+  if (budget.count() > 0) {
+    std::uint64_t polls = 0;
+    Clock::time_point last = Clock::now();
+    const Clock::time_point deadline = last + budget;
+    while (handled == 0) {
+      ++polls;
+      for (std::size_t i = 0; i < spinners.size(); ++i) handled += spinners[i]->poll() ? 1 : 0;
+      if (handled > 0 || polls % kPollsPerClockRead != 0) {
+        detail::cpu_relax();
+        continue;
+      }
+      handled = backend.reap(false);  // a timer, a post, another socket
+      Clock::time_point now = Clock::now();
+      if (now - last > detail::AdaptiveSpin::kPreemptionGap) {
+        for (std::size_t i = 0; i < spinners.size(); ++i) spinners[i]->saw_preemption();
+        break;
+      }
+      if (now >= deadline) break;
+      last = now;
+    }
+    detail::count_spin_polls(polls);
+    if (handled > 0) return handled;  // awake: the peers need not wake us
+  }
+  return announce_sleep(spinners);
+}
+
+}  // namespace
+
 std::size_t detail::LoopInternals::turn(Loop& loop, bool block) {
   loop.in_turn_ = true;
-  std::size_t handled;
+  std::size_t handled = 0;
   try {
-    handled = loop.backend_->reap(block);
+    if (block && !loop.spinners_.empty()) {
+      handled = loop.backend_->reap(false);
+      if (handled == 0) handled = spin_before_sleep(loop.spinners_, *loop.backend_);
+    }
+    if (handled == 0) handled = loop.backend_->reap(block);
+    // A turn that does not block may be a host loop's (run_ready): it sleeps in its own poll,
+    // after this returns, so the peers must wake it through the kernel.
+    if (!block) handled += announce_sleep(loop.spinners_);
   } catch (...) {
     loop.in_turn_ = false;
     throw;

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include <forkpool/runtime/internal/unique_fd.hpp>
 #include <forkpool/runtime/scope.hpp>
@@ -16,6 +17,7 @@
 namespace forkpool {
 namespace detail {
 class Backend;
+class Spinner;
 struct LoopInternals;
 }  // namespace detail
 
@@ -63,6 +65,7 @@ class Loop {
   bool driving_ = false;
   bool in_turn_ = false;
   Scope finishing_;  // work run() and ~Loop wait for (a destroyed pool's workers being reaped)
+  std::vector<detail::Spinner*> spinners_;  // polled before a blocking turn sleeps
 };
 
 namespace detail {

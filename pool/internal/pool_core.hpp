@@ -43,6 +43,8 @@ class PoolCore {
   virtual bool terminated() const noexcept = 0;
   virtual int processes() const noexcept = 0;
   virtual std::vector<pid_t> worker_pids() const = 0;
+  // How often the live workers polled their rings while spinning (tests: spin = 0 never does).
+  virtual std::uint64_t worker_spin_polls() const { return 0; }
   // A descriptor of its own for the live worker `pid`'s pidfd (invalid when there is none).
   virtual UniqueFd worker_pidfd(pid_t) const { return {}; }
   // For ~Pool: terminate(), and have the workers reaped before the loop's run() returns (now,

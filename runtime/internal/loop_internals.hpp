@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include <forkpool/runtime/internal/backend.hpp>
+#include <forkpool/runtime/internal/spin.hpp>
 #include <forkpool/runtime/loop.hpp>
 
 namespace forkpool::detail {
@@ -22,8 +23,12 @@ struct LoopInternals {
   static std::size_t outstanding(const Loop& loop) noexcept;
   // Starts the read that Loop::post's eventfd completes.
   static void open_door(Loop& loop);
-  // Runs one turn: delivers completions, blocking for at least one first if `block`.
+  // Runs one turn: delivers completions, blocking for at least one first if `block`. A
+  // blocking turn first polls the loop's spinners for as long as the longest of their budgets.
   static std::size_t turn(Loop& loop, bool block);
+  // `spinner` is polled before every blocking turn sleeps, until removed. Loop thread only.
+  static void add_spinner(Loop& loop, Spinner* spinner);
+  static void remove_spinner(Loop& loop, Spinner* spinner) noexcept;
   // run() and ~Loop drive the loop until `task` has ended: work that must not be cut short when
   // the program's main task ends (a destroyed pool's workers being reaped).
   static void finish_before_return(Loop& loop, Task<void> task) { loop.finishing_.start(std::move(task)); }

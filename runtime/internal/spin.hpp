@@ -1,0 +1,73 @@
+#pragma once
+// Polling before sleeping. A side that expects a message soon polls for it for a while instead
+// of sleeping in the kernel: on these VMs a sleep and wake-up across CPUs costs ~25 µs a hop,
+// a cache line crosses in ~0.1 µs. AdaptiveSpin chooses how long; a Spinner lets the loop poll
+// a source (a worker's ring) before it blocks (LoopInternals::add_spinner).
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <optional>
+
+namespace forkpool::detail {
+
+// One polite busy-wait step: tells the CPU we spin (the sibling hyperthread runs, power drops).
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// How long one waiting side polls before it sleeps. Not thread-safe: one per waiter.
+//
+// The bound is PoolOptions::spin: empty means adaptive up to kDefaultSpinBound, zero never
+// spins. Within the bound the budget follows what the waits saw: a message that came `gap`
+// after the wait began sets the next budget to twice that gap (spinning would have caught it,
+// or did); a wait longer than the bound halves it, so a side whose peer works for long stops
+// burning a CPU after a few waits. A spin that lost the CPU (a gap between two polls far
+// longer than a poll: another runnable process took it) turns spinning off for
+// kPreemptedCooldown waits, so oversubscribed machines do not pay for it.
+class AdaptiveSpin {
+ public:
+  static constexpr std::chrono::nanoseconds kDefaultSpinBound = std::chrono::microseconds(50);
+  static constexpr std::chrono::nanoseconds kPreemptionGap = std::chrono::microseconds(200);
+  static constexpr int kPreemptedCooldown = 64;
+
+  explicit AdaptiveSpin(std::optional<std::chrono::nanoseconds> bound = {}) noexcept;
+
+  // How long the next wait may poll; zero: sleep at once.
+  std::chrono::nanoseconds budget() const noexcept { return cooldown_ > 0 ? std::chrono::nanoseconds{0} : budget_; }
+  bool never_spins() const noexcept { return bound_.count() == 0; }
+  // The wait that began `gap` ago ended with a message.
+  void record(std::chrono::nanoseconds gap) noexcept;
+  // The spin of the current wait lost the CPU.
+  void saw_preemption() noexcept { cooldown_ = kPreemptedCooldown; }
+
+ private:
+  std::chrono::nanoseconds bound_;
+  std::chrono::nanoseconds budget_;
+  int cooldown_ = 0;
+};
+
+// Polls done by spinning in this process (for tests: spin = 0 must do none).
+std::uint64_t spin_polls() noexcept;
+void count_spin_polls(std::uint64_t polls) noexcept;
+
+// A source the loop polls before it sleeps in the kernel. Loop thread only.
+class Spinner {
+ public:
+  virtual ~Spinner() = default;
+  // How long the loop may poll this before sleeping; zero when no message is expected now.
+  virtual std::chrono::nanoseconds spin_budget() = 0;
+  // Looks once; true when it resumed something (a message was there).
+  virtual bool poll() = 0;
+  // The loop is about to sleep in the kernel: announce it to the peer (who then wakes us through
+  // the kernel), and look once more. True when a message came meanwhile: the loop does not sleep.
+  virtual bool prepare_to_sleep() = 0;
+  // The loop's spin lost the CPU to another process: the machine is oversubscribed.
+  virtual void saw_preemption() = 0;
+};
+
+}  // namespace forkpool::detail
