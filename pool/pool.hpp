@@ -176,6 +176,7 @@ decltype(auto) owned_input(Range&& inputs) {
 }
 
 struct JobsDieWithWorker {};
+struct PoolInternals;  // pool/internal/pool_internals.hpp: what tests and diagnostics read
 
 template <class T>
 Task<T> await_result(AsyncResult<T> result) {
@@ -324,6 +325,7 @@ class Pool {
     return Stream<W>(std::move(state));
   }
 
+  friend struct detail::PoolInternals;
   std::shared_ptr<detail::PoolCore> core_;
 };
 

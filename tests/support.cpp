@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,20 @@ char process_state(pid_t pid) {
   auto close_paren = text.rfind(')');
   if (close_paren == std::string::npos || close_paren + 2 >= text.size()) return '?';
   return text[close_paren + 2];
+}
+
+std::chrono::milliseconds cpu_time_of(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(stat, line);
+  std::istringstream fields(line.substr(line.rfind(')') + 2));  // from field 3 (state) on
+  std::string field;
+  long utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && fields >> field; ++i) {
+    if (i == 14) utime = std::stol(field);
+    if (i == 15) stime = std::stol(field);
+  }
+  return std::chrono::milliseconds((utime + stime) * 1000 / sysconf(_SC_CLK_TCK));
 }
 
 bool process_alive(pid_t pid) {

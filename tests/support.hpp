@@ -39,6 +39,9 @@ int open_fd_count();
 // Resident set size of this process in KiB (VmRSS in /proc/self/status).
 long rss_kib();
 
+// CPU time (user + system, in the kernel's ticks) process `pid` has used so far.
+std::chrono::milliseconds cpu_time_of(pid_t pid);
+
 // Whether process `pid` still runs (a zombie, waiting for a reaper that may never come in a
 // container without an init, counts as gone).
 bool process_alive(pid_t pid);

@@ -1,0 +1,13 @@
+#pragma once
+// What tests and diagnostics read of a Pool beyond its public face. Not installed.
+
+#include <forkpool/pool/internal/pool_core.hpp>
+#include <forkpool/pool/pool.hpp>
+
+namespace forkpool::detail {
+
+struct PoolInternals {
+  static PoolCore& core(Pool& pool) { return *pool.core_; }
+};
+
+}  // namespace forkpool::detail
