@@ -16,6 +16,7 @@
 #include "raw_pingpong.hpp"
 #include <forkpool/pool/init.hpp>
 #include <forkpool/pool/pool.hpp>
+#include <forkpool/runtime/when_all.hpp>
 
 namespace fp = forkpool;
 
@@ -228,6 +229,24 @@ void BM_CpuBoundMapEfficiency(benchmark::State& state) {
   state.counters["processes"] = cores;
 }
 BENCHMARK(BM_CpuBoundMapEfficiency)->UseManualTime()->Iterations(3)->Unit(benchmark::kMillisecond);
+
+// Oversubscribed: three pools of two workers each on this machine's cores, all busy with
+// CPU-bound tasks (120 of 2 ms per pool, in chunks of one, so replies come back to back). Arg:
+// spin_arg. Spinning must back off here: compare the two Args of the same run (within 5%).
+void BM_ThreePoolsOfTwoCpuBound(benchmark::State& state) {
+  fp::PoolOptions options{.processes = 2};
+  options.spin = spin_arg(state.range(0));
+  fp::Pool a(options), b(options), c(options);
+  std::vector<int> work(120, 2);
+  for (auto _ : state) {
+    auto all = [&]() -> fp::Task<void> {
+      auto [x, y, z] = co_await fp::when_all(a.map(spin, work, 1), b.map(spin, work, 1), c.map(spin, work, 1));
+      benchmark::DoNotOptimize(x.size() + y.size() + z.size());
+    };
+    fp::run(all());
+  }
+}
+BENCHMARK(BM_ThreePoolsOfTwoCpuBound)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(3);
 
 // imap over 10,000,000 items: the input is lazy and the window bounded, so RSS stays flat.
 void BM_Imap10MFlatMemory(benchmark::State& state) {

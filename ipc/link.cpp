@@ -196,6 +196,8 @@ ParentLink::ParentLink(Channel& channel, Mapping rings, UniqueFd own_wake, Uniqu
       worker_wake_(std::move(worker_wake)), spin_(spin), payload_max_(ring_payload_max(kLinkRingCapacity)) {
   // Not polling until the loop spins: the worker wakes us through the eventfd.
   inbound_.control().consumer_sleeping.store(1, std::memory_order_seq_cst);
+  // Workers forked later must not inherit this worker's rings (they map their own).
+  (void)madvise(rings_.data(), rings_.size(), MADV_DONTFORK);
 }
 
 ParentLink::~ParentLink() {
