@@ -67,7 +67,7 @@ BENCHMARK(BM_ApplyAsyncRoundTripSpin)->Arg(0)->Arg(1)->UseRealTime();
 
 // 100,000 trivial tasks in flight at once, then every result: tasks per second. Arg: spin_arg.
 void BM_ApplyAsync100kInFlight(benchmark::State& state) {
-  fp::PoolOptions options{.processes = 2};
+  fp::PoolOptions options{.processes = static_cast<int>(state.range(1))};
   options.spin = spin_arg(state.range(0));
   fp::Pool pool(options);
   std::vector<fp::AsyncResult<int>> results;
@@ -79,7 +79,7 @@ void BM_ApplyAsync100kInFlight(benchmark::State& state) {
   }
   state.SetItemsProcessed(state.iterations() * 100'000);
 }
-BENCHMARK(BM_ApplyAsync100kInFlight)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ApplyAsync100kInFlight)->ArgsProduct({{0, 1}, {1, 2}})->UseRealTime()->Unit(benchmark::kMillisecond);
 
 // imap at chunksize 1 over 100,000 items: items per second. Arg: spin_arg.
 void BM_ImapChunksize1(benchmark::State& state) {

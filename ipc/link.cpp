@@ -226,10 +226,10 @@ Task<void> ParentLink::push(std::uint16_t kind, std::uint64_t request_id, std::s
   wake_sleeping_consumer(outbound_.control(), worker_wake_.get());
 }
 
-bool ParentLink::try_send_loose(std::uint16_t kind, std::span<const std::byte> payload) {
+bool ParentLink::try_send_now(std::uint16_t kind, std::uint64_t request_id, std::span<const std::byte> payload) {
   if (gone_ || broken_ || sender_ || payload.size() > payload_max_) return false;
   try {
-    if (!outbound_.try_push(kind, 0, payload)) return false;
+    if (!outbound_.try_push(kind, request_id, payload)) return false;
   } catch (const ProtocolError&) {
     return false;  // the next send or receive reports it
   }

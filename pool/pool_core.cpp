@@ -120,6 +120,7 @@ class PoolCoreImpl final : public PoolCore, public std::enable_shared_from_this<
   Task<void> watch(std::shared_ptr<Worker> worker);
   Task<void> send_outbox(std::shared_ptr<Worker> worker);
   Task<void> send(std::shared_ptr<Worker> worker, std::shared_ptr<Job> job, std::uint64_t id);
+  bool send_at_once(Worker& worker, Job& job, std::uint64_t id);
   Task<void> relay_wakes(std::shared_ptr<Worker> worker);
   static void send_release_now(Worker& worker);
   std::uint64_t worker_spin_polls() const override;
@@ -289,7 +290,7 @@ Task<void> PoolCoreImpl::relay_wakes(std::shared_ptr<Worker> worker) {
 void PoolCoreImpl::send_release_now(Worker& worker) {
   PeerMemory::Release release = worker.memory->take_release();
   if (release.empty()) return;
-  if (worker.link->try_send_loose(kReleaseMessage, release.encode().bytes())) return;
+  if (worker.link->try_send_now(kReleaseMessage, 0, release.encode().bytes())) return;
   worker.memory->restore(std::move(release));
   send_release(*worker.memory, *worker.release_line);
 }
@@ -359,6 +360,7 @@ void PoolCoreImpl::dispatch() {
     worker->in_flight.emplace(id, job);
     worker->link->set_expecting(true);
     if (options_.maxtasksperchild > 0 && ++worker->assigned >= options_.maxtasksperchild) worker->retiring = true;
+    if (!worker->sending && send_at_once(*worker, *job, id)) continue;
     worker->outbox.emplace_back(id, std::move(job));
     if (!worker->sending) background_.start(send_outbox(std::move(worker)));
   }
@@ -419,6 +421,22 @@ Task<void> PoolCoreImpl::send(std::shared_ptr<Worker> worker, std::shared_ptr<Jo
   link.set_expecting(!worker->in_flight.empty());
   job->sink->chunk_failed(job->chunk, send_error);
   dispatch();
+}
+
+// The common case without a coroutine: a task that needs nothing introduced first (no new
+// slab, no object to load, no descriptor) goes into the ring now. False: send() does it all.
+bool PoolCoreImpl::send_at_once(Worker& worker, Job& job, std::uint64_t id) {
+  if (!job.root().attachments.fds().empty()) return false;
+  try {
+    if (!objects_to_introduce(worker, job.payload).empty()) return false;
+  } catch (const Error&) {
+    return false;  // send() fails the job with it
+  }
+  send_release_now(worker);
+  std::optional<PeerMemory::Introduction> introduction = worker.memory->lend(job.root().blocks);
+  if (!introduction && worker.link->try_send_now(kTaskMessage, id, job.payload)) return true;
+  worker.memory->unlend(job.root().blocks, introduction);  // send() lends them again
+  return false;
 }
 
 // A task names its functions by address. A function in an object the parent loaded after

@@ -278,7 +278,7 @@ TEST_P(LinkTest, TenThousandMixedMessagesKeepTheirOrderBothWays) {
     for (std::uint64_t i = 0; i < kCount; ++i) {
       std::vector<std::byte> payload = payload_of(i, 300);
       if (i % 13 == 0) payload.resize(ring_payload_max(kLinkRingCapacity) + 100);
-      if (i % 11 == 0) link.try_send_loose(9, payload_of(i, 50));  // releases go any time
+      if (i % 11 == 0) link.try_send_now(9, 0, payload_of(i, 50));  // releases go any time
       co_await link.async_send(static_cast<std::uint16_t>(1 + i % 3), i, payload,
                                i % 7 == 0 ? std::span<const int>(&fd, 1) : std::span<const int>());
     }

@@ -103,9 +103,9 @@ class ParentLink final : public Spinner {
   // the loop. Throws ChannelClosed once the worker is gone, ProtocolError when it broke the ring.
   Task<void> async_send(std::uint16_t kind, std::uint64_t request_id, std::span<const std::byte> payload,
                         std::span<const int> fds = {});
-  // A loose message (the worker takes it in any order) into the ring if there is room now;
-  // false otherwise (the caller sends it on the socket). Never waits.
-  bool try_send_loose(std::uint16_t kind, std::span<const std::byte> payload);
+  // A message without descriptors into the ring if there is room now and no send waits; false
+  // otherwise (the caller sends it with async_send, or a loose one on the socket). Never waits.
+  bool try_send_now(std::uint16_t kind, std::uint64_t request_id, std::span<const std::byte> payload);
 
   // The next message the worker sent, or nothing when none has arrived. Throws ProtocolError
   // once when the worker broke the ring (then nothing more is read), ChannelClosed once the
