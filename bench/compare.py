@@ -72,6 +72,45 @@ if pool:
     if py_apply:
         ratio += f"; {py_apply * 1e3 / apply_ns:.1f}x faster than CPython Pool ({py_apply:.0f} us; target >= 10)"
     row("pool: apply_async round trip", f"{apply_ns / 1e3:.1f} us", ratio)
+    # The shared-memory rings: back to back with the spin on (Arg 0) and off (Arg 1), against the
+    # spinning-futex and socket ping-pongs of the same binary, and latency/run.sh's anchors.
+    spin_on, spin_off = pool.get("BM_ApplyAsyncRoundTripSpin/0/real_time"), pool.get("BM_ApplyAsyncRoundTripSpin/1/real_time")
+    futex = pool.get("BM_RawSpinThenFutexPingPong/0/real_time")
+    if spin_on and spin_off and futex:
+        row("pool: apply_async round trip, spin on / off", f"{ns(spin_on) / 1e3:.2f} / {ns(spin_off) / 1e3:.1f} us",
+            f"{raw / ns(spin_on):.1f}x faster than the socket ping-pong (target >= 20); "
+            f"{ns(spin_on) / ns(futex):.1f}x the spin-then-futex ping-pong ({ns(futex):.0f} ns; target <= 20)")
+    apart, futex_apart = pool.get("BM_ApplyAsyncRoundTripSpin/2/real_time"), pool.get("BM_RawSpinThenFutexPingPong/1/real_time")
+    if apart and futex_apart:
+        row("pool: apply_async round trip, parent and worker pinned to two CPUs", f"{ns(apart) / 1e3:.2f} us",
+            f"{ns(apart) / ns(futex_apart):.1f}x the spin-then-futex ping-pong pinned the same way ({ns(futex_apart):.0f} ns)")
+    for name, label, py_label in (("BM_ApplyAsync100kInFlight/{}/2/real_time", "apply_async, 100,000 in flight", None),
+                                  ("BM_ImapChunksize1/{}/real_time", "imap, chunksize 1",
+                                   r"Pool.imap_unordered 1e5, chunksize 1: ([\d.]+) k")):
+        on, off = pool.get(name.format(0)), pool.get(name.format(1))
+        if not (on and off):
+            continue
+        ratio = f"spin off: {off['items_per_second'] / 1e3:.0f} k/s (target >= 1 M/s with the spin on)"
+        py = python_figure("py_pool.txt", py_label) if py_label else None
+        if py:
+            ratio += f"; {on['items_per_second'] / (py * 1e3):.0f}x CPython's Pool ({py:.1f} k/s)"
+        row(f"pool: {label}", f"{on['items_per_second'] / 1e3:.0f} k/s", ratio)
+    three_on = pool.get("BM_ThreePoolsOfTwoCpuBound/0/iterations:3/real_time")
+    three_off = pool.get("BM_ThreePoolsOfTwoCpuBound/1/iterations:3/real_time")
+    if three_on and three_off:
+        row("pool: three pools of two, CPU-bound, spin on vs off", f"{ns(three_on) / 1e6:.0f} vs {ns(three_off) / 1e6:.0f} ms",
+            f"{ns(three_on) / ns(three_off):.3f}x (target <= 1.05)")
+    latency = os.path.join(out, "latency.txt")
+    if os.path.exists(latency) and spin_on:
+        for line in open(latency):
+            parts = line.split()
+            if len(parts) >= 2 and not line.startswith("#"):
+                try:
+                    us = float(parts[-1])
+                except ValueError:
+                    continue
+                row(f"latency anchor: {' '.join(parts[:-1])}", f"{us:.2f} us",
+                    f"forkpool's spinning round trip is {us * 1e3 / ns(spin_on):.2f}x faster")
     methods = ("fork", "forkserver", "spawn")
     under = {m: pool.get(f"BM_ApplyAsyncRoundTripUnder/{i}/real_time") for i, m in enumerate(methods)}
     if all(under.values()):
@@ -167,6 +206,9 @@ if tensor:
             ratio.append(f"{r / fill:.2f}x one core's warm fill ({fill:.0f}/s; target >= 0.5 at 1 and 12 MiB)")
         if f:
             ratio.append(f"{r / f:.1f}x fresh memory per batch ({f:.0f}/s)")
+        threads = python_figure("libtorch_dataloader.txt", r"batch " + label.split()[0] + r" KiB: ([\d.]+) batches/s")
+        if threads:
+            ratio.append(f"{r / threads:.2f}x libtorch's thread DataLoader ({threads:.0f}/s; target >= 1)")
         row(f"tensor: DataLoader pattern, {label.split()[0]} KiB batches", f"{r:.0f} batches/s", "; ".join(ratio))
 
 

@@ -43,7 +43,7 @@ long rss_kib() {
 }
 
 BENCHMARK(BM_RawSocketpairPingPong64B)->UseRealTime();
-BENCHMARK(BM_RawSpinThenFutexPingPong)->UseRealTime();
+BENCHMARK(BM_RawSpinThenFutexPingPong)->Arg(0)->Arg(1)->UseRealTime();
 
 // PoolOptions::spin for Arg 0 (adaptive, the default) and 1 (never spin: the kernel wakes).
 std::optional<std::chrono::nanoseconds> spin_arg(long arg) {
@@ -51,19 +51,30 @@ std::optional<std::chrono::nanoseconds> spin_arg(long arg) {
   return std::nullopt;
 }
 
-// Back to back, one in flight: the latency of a trivial task. Arg: spin_arg.
+void pin_worker_to_cpu_1() { pin_to_cpu(1); }
+
+// Back to back, one in flight: the latency of a trivial task. Arg 0/1: spin_arg, two workers
+// where the scheduler puts them; 2: adaptive, one worker on CPU 1 and the parent on CPU 0 (as
+// BM_RawSpinThenFutexPingPong/1: every message crosses CPUs).
 void BM_ApplyAsyncRoundTripSpin(benchmark::State& state) {
-  fp::PoolOptions options{.processes = 2};
+  bool apart = state.range(0) == 2 && sysconf(_SC_NPROCESSORS_ONLN) >= 2;
+  fp::PoolOptions options{.processes = apart ? 1 : 2};
   options.spin = spin_arg(state.range(0));
+  cpu_set_t before;
+  if (apart) {
+    options.initializer = pin_worker_to_cpu_1;
+    before = pin_to_cpu(0);
+  }
   fp::Pool pool(options);
   auto body = [&]() -> fp::Task<void> {
     for (int i = 0; i < 200; ++i) co_await pool.apply_async(ident, i);
     for (auto _ : state) benchmark::DoNotOptimize(co_await pool.apply_async(ident, 1));
   };
   fp::run(body());
+  if (apart) sched_setaffinity(0, sizeof before, &before);
   state.SetItemsProcessed(state.iterations());
 }
-BENCHMARK(BM_ApplyAsyncRoundTripSpin)->Arg(0)->Arg(1)->UseRealTime();
+BENCHMARK(BM_ApplyAsyncRoundTripSpin)->Arg(0)->Arg(1)->Arg(2)->UseRealTime();
 
 // 100,000 trivial tasks in flight at once, then every result: tasks per second. Arg: spin_arg.
 void BM_ApplyAsync100kInFlight(benchmark::State& state) {

@@ -34,6 +34,7 @@ inline void BM_RawSocketpairPingPong64B(benchmark::State& state) {
 // other side waking it only when it announced sleep (../shared/anchors/latency/futex_pingpong.c
 // with a spin of 2000 ns). forkpool's rings do the same, plus validation and the event loop.
 #include <linux/futex.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 
@@ -68,6 +69,18 @@ inline void give(Turn& turn, std::uint32_t value) {
 
 }  // namespace raw_pingpong
 
+// Pins the calling process (and what it forks later) to `cpu`; returns the mask it had.
+inline cpu_set_t pin_to_cpu(int cpu) {
+  cpu_set_t before, only;
+  sched_getaffinity(0, sizeof before, &before);
+  CPU_ZERO(&only);
+  CPU_SET(cpu, &only);
+  sched_setaffinity(0, sizeof only, &only);
+  return before;
+}
+
+// Arg 1: the parent on CPU 0, the child on CPU 1 (a wake-up crosses CPUs); 0: where the
+// scheduler puts them.
 inline void BM_RawSpinThenFutexPingPong(benchmark::State& state) {
   using raw_pingpong::Turn;
   void* page = mmap(nullptr, 2 * sizeof(Turn), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -75,8 +88,12 @@ inline void BM_RawSpinThenFutexPingPong(benchmark::State& state) {
   Turn* ping = new (page) Turn;
   Turn* pong = new (static_cast<char*>(page) + sizeof(Turn)) Turn;
   constexpr std::uint32_t kStop = ~std::uint32_t{0};
+  bool apart = state.range(0) == 1 && sysconf(_SC_NPROCESSORS_ONLN) >= 2;
+  cpu_set_t before;
+  if (apart) before = pin_to_cpu(0);
   pid_t pid = fork();
   if (pid == 0) {
+    if (apart) pin_to_cpu(1);
     for (std::uint32_t n = 1;; ++n) {
       raw_pingpong::wait_for(*ping, n);
       if (ping->value.load() == kStop) _exit(0);
@@ -93,5 +110,6 @@ inline void BM_RawSpinThenFutexPingPong(benchmark::State& state) {
   kill(pid, SIGKILL);
   waitpid(pid, nullptr, 0);
   munmap(page, 2 * sizeof(Turn));
+  if (apart) sched_setaffinity(0, sizeof before, &before);
   state.SetItemsProcessed(state.iterations());
 }

@@ -28,6 +28,16 @@ if [ -d "$anchors" ]; then
   if command -v gcc >/dev/null; then
     gcc -O2 -o "$out/fill" "$anchors/fill.c" && "$out/fill" | tee "$out/fill.txt" >&2
   fi
+  if [ -f /usr/include/torch/csrc/api/include/torch/torch.h ]; then
+    echo "== libtorch's thread DataLoader" >&2
+    g++ -std=c++17 -O2 "$anchors/libtorch_dataloader.cpp" -o "$out/libtorch_dataloader" \
+      -I/usr/include/torch/csrc/api/include -ltorch -ltorch_cpu -lc10 -pthread \
+      && "$out/libtorch_dataloader" | tee "$out/libtorch_dataloader.txt" >&2
+  fi
+  if [ -x "$anchors/latency/run.sh" ] || [ -f "$anchors/latency/run.sh" ]; then
+    echo "== latency anchors (socket, futex, spinning, iceoryx)" >&2
+    bash "$anchors/latency/run.sh" "$out/latency" | tee "$out/latency.txt" >&2
+  fi
 fi
 if [ -x "$build/bench/mpi_bench" ] && command -v mpirun >/dev/null; then
   echo "== mpi_bench and mpi4py.futures (3 ranks, each its own node)" >&2

@@ -34,19 +34,18 @@ void drain_eventfd(int fd) noexcept {
   [[maybe_unused]] ssize_t ignored = ::read(fd, &count, sizeof count);
 }
 
-// After publishing an entry: wakes the consumer if it announced sleep (Dekker with
-// ParentLink::prepare_to_sleep / WorkerLink::wait: fence, then load).
+// After publishing an entry (a seq_cst store of the head): wakes the consumer if it announced
+// sleep. Dekker's pattern with ParentLink::prepare_to_sleep / WorkerLink::wait, which store the
+// flag and then load the head, all seq_cst: one side always sees the other's store.
 void wake_sleeping_consumer(RingControl& control, int eventfd) noexcept {
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (control.consumer_sleeping.load(std::memory_order_relaxed) &&
+  if (control.consumer_sleeping.load(std::memory_order_seq_cst) &&
       control.consumer_sleeping.exchange(0, std::memory_order_relaxed))
     wake_peer(eventfd);
 }
 
-// After consuming an entry: wakes the producer if it waits for room.
+// After consuming an entry (a seq_cst store of the tail): wakes the producer if it waits for room.
 void wake_waiting_producer(RingControl& control, int eventfd) noexcept {
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (control.producer_waiting.load(std::memory_order_relaxed) &&
+  if (control.producer_waiting.load(std::memory_order_seq_cst) &&
       control.producer_waiting.exchange(0, std::memory_order_relaxed))
     wake_peer(eventfd);
 }
@@ -164,7 +163,7 @@ void WorkerLink::wait(std::optional<std::size_t> room_for) {
       return;
     }
   }
-  // Announce the sleep, then look once more: the peer's fence-then-load sees one or the other.
+  // Announce the sleep, then look once more: the peer's store-then-load sees one or the other.
   std::atomic<std::uint32_t>& flag =
       room_for ? outbound_.control().producer_waiting : inbound_.control().consumer_sleeping;
   flag.store(1, std::memory_order_seq_cst);

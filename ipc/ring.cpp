@@ -23,7 +23,7 @@ RingView ring_in_region(std::byte* region, std::size_t capacity, int index) noex
 std::size_t ring_payload_max(std::size_t capacity) noexcept { return capacity / 4 - sizeof(RingEntry); }
 
 std::uint64_t RingProducer::read_tail() {
-  std::uint64_t tail = view_.control->tail.load(std::memory_order_acquire);
+  std::uint64_t tail = view_.control->tail.load(std::memory_order_seq_cst);
   if (tail < tail_seen_ || tail > head_)
     broken("the consumer's position " + std::to_string(tail) + " is outside [" + std::to_string(tail_seen_) + ", " +
            std::to_string(head_) + "]");
@@ -54,7 +54,9 @@ bool RingProducer::try_push(std::uint16_t kind, std::uint64_t request_id, std::s
   std::memcpy(view_.entries + at, &entry, sizeof entry);
   if (!payload.empty()) std::memcpy(view_.entries + at + sizeof entry, payload.data(), payload.size());
   head_ = next + need;
-  view_.control->head.store(head_, std::memory_order_release);  // the entry is whole before it shows
+  // The entry is whole before it shows; seq_cst, as the sleep check that follows (link.cpp) must
+  // not pass it.
+  view_.control->head.store(head_, std::memory_order_seq_cst);
   return true;
 }
 
@@ -95,7 +97,7 @@ void RingConsumer::pop() noexcept {
   tail_ += pending_;
   sequence_ = pending_sequence_;
   pending_ = 0;
-  view_.control->tail.store(tail_, std::memory_order_release);
+  view_.control->tail.store(tail_, std::memory_order_seq_cst);  // as the head's store
 }
 
 }  // namespace forkpool::detail

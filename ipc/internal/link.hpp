@@ -8,8 +8,8 @@
 // Waking only a sleeper: a side that waits polls its ring for a while (AdaptiveSpin), then sets
 // its ring's consumer_sleeping and sleeps on its own eventfd (the worker in poll(2) with the
 // socket, the parent on its loop); a producer writes the peer's eventfd only when it finds that
-// flag set (and clears it). The flag's store and the producer's load are each followed or
-// preceded by a seq_cst fence, so one of them always sees the other's entry or flag.
+// flag set (and clears it). Each side stores (its entry, or its flag) and then loads (the other's
+// flag, or the head), all seq_cst, so one of them always sees the other's store.
 //
 // A marker names its message (kind and request id); the parent drops socket messages no marker
 // announced (a task may write to the socket: it must not steer the pool).

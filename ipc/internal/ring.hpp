@@ -100,7 +100,8 @@ class RingConsumer {
   // the producer wrote breaks the layout. The entry stays until pop().
   std::optional<RingRecord> peek();
   // True when an entry is published (unchecked: peek() says what it is).
-  bool ready() const noexcept { return view_.control->head.load(std::memory_order_acquire) != tail_; }
+  // seq_cst: after a side announces sleep, this load must see a head published before it looked.
+  bool ready() const noexcept { return view_.control->head.load(std::memory_order_seq_cst) != tail_; }
   // Consumes the entry peek() returned and publishes the room.
   void pop() noexcept;
   RingControl& control() const noexcept { return *view_.control; }

@@ -24,8 +24,8 @@ inline void cpu_relax() noexcept {
 //
 // The bound is PoolOptions::spin: empty means adaptive up to kDefaultSpinBound, zero never
 // spins. Within the bound the budget follows what the waits saw: a message that came `gap`
-// after the wait began sets the next budget to twice that gap (spinning would have caught it,
-// or did); a wait longer than the bound halves it, so a side whose peer works for long stops
+// after the wait began raises the budget to at least twice that gap (spinning would have caught
+// it, or did); a wait longer than the bound halves it, so a side whose peer works for long stops
 // burning a CPU after a few waits. A spin that lost the CPU (a gap between two polls far
 // longer than a poll: another runnable process took it) turns spinning off for
 // kPreemptedCooldown waits, so oversubscribed machines do not pay for it.
