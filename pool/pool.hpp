@@ -111,11 +111,11 @@ class ApplySink final : public JobSink {
 // Lets `state`'s cancel() stop the jobs of `sink` on `core`.
 template <class R>
 void connect_cancel(ResultState<R>& state, const std::shared_ptr<PoolCore>& core, const JobSink* sink) {
-  state.set_canceller([weak = std::weak_ptr<PoolCore>(core), sink] {
-    if (auto live = weak.lock()) {
-      live->check_owner("AsyncResult::cancel");
-      live->cancel(sink);
-    }
+  state.set_canceller([weak = std::weak_ptr<PoolCore>(core), sink](typename ResultState<R>::CancelStep step) {
+    std::shared_ptr<PoolCore> live = weak.lock();
+    if (!live) return;
+    if (step == ResultState<R>::CancelStep::check) live->check_owner("AsyncResult::cancel");
+    else live->cancel(sink);
   });
 }
 

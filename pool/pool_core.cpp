@@ -39,6 +39,8 @@ namespace {
 
 // Jobs a worker holds at once: the one it runs and the next, so it never waits for the parent.
 constexpr std::size_t kJobsPerWorker = 2;
+// A cancel mark must outlive every job the worker may still take up (RunningSlot).
+static_assert(RunningSlot::kCancelMarks >= 2 * kJobsPerWorker);
 // Workers in a row whose initializer threw before the pool gives up and fails its work with the
 // InitializerError (Python's pool would start new ones for ever).
 constexpr int kMaxInitializerFailures = 3;

@@ -63,13 +63,20 @@ class ResultState : public std::enable_shared_from_this<ResultState<R>> {
     return {ready() ? 1u : 0u, 1};
   }
 
-  // Who can stop the work (the pool that runs it); called once, by cancel().
-  void set_canceller(std::function<void()> canceller) { canceller_ = std::move(canceller); }
+  // Who can stop the work (the pool that runs it). cancel() calls it twice: first with
+  // CancelStep::check, which throws (std::logic_error) when the caller may not cancel, and then,
+  // once the result has failed with Cancelled, with CancelStep::stop.
+  enum class CancelStep { check, stop };
+  void set_canceller(std::function<void(CancelStep)> canceller) { canceller_ = std::move(canceller); }
+  // One ordered operation: the check comes first, so a call that throws changes nothing (the
+  // work runs on, no awaiter is resumed); then the result fails (the pool then sees it is not
+  // wanted), then the work is stopped.
   void cancel() {
+    if (canceller_) canceller_(CancelStep::check);
     if (ready()) return;
     auto canceller = std::exchange(canceller_, {});
-    set_error(std::make_exception_ptr(Cancelled()));  // first: the pool then sees it is not wanted
-    if (canceller) canceller();
+    set_error(std::make_exception_ptr(Cancelled()));
+    if (canceller) canceller(CancelStep::stop);
   }
 
   // Runs `callback` once the outcome is set (now, if it is).
@@ -121,7 +128,7 @@ class ResultState : public std::enable_shared_from_this<ResultState<R>> {
   std::optional<Stored> value_;
   std::exception_ptr error_;
   OneShot done_;
-  std::function<void()> canceller_;
+  std::function<void(CancelStep)> canceller_;
   std::vector<Callback> callbacks_;
   std::vector<std::weak_ptr<std::stop_source>> timers_;
   Progress progress_;

@@ -81,6 +81,25 @@ TEST_F(ControlTest, CancellingAQueuedTaskDropsItAndItNeverRuns) {
   EXPECT_EQ(pool.worker_pids().at(0), worker);  // skipped, not killed
 }
 
+// cancel() checks the calling thread before anything else: from another thread it throws and
+// the task runs on to its result, which no one has failed (nor resumed an awaiter for).
+TEST_F(ControlTest, ACancelFromAnotherThreadThrowsAndChangesNothing) {
+  Pool pool({.processes = 1});
+  AsyncResult<int> result = pool.apply_async(sleep_ms, 300);
+  std::string message;
+  std::thread other([&] {
+    try {
+      result.cancel();
+    } catch (const std::logic_error& e) {
+      message = e.what();
+    }
+  });
+  other.join();
+  EXPECT_NE(message.find("AsyncResult::cancel"), std::string::npos) << message;
+  EXPECT_FALSE(result.ready());
+  EXPECT_EQ(result.get(std::chrono::seconds(10)), 300);
+}
+
 TEST_F(ControlTest, CancellingARunningTaskKillsItsWorkerAndWorkQueuedBehindItSucceeds) {
   PoolOptions o{.processes = 1};
   o.max_retries = 0;
