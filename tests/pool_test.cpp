@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
@@ -84,14 +85,28 @@ int crash(int) {
 void throwing_initializer() { throw std::domain_error("no GPU here"); }
 // A hostile task: writes a frame of an unknown kind on the worker's channel (descriptor 3).
 std::string echo_string(std::string s) { return s; }
+// The worker's link, found in this process's mappings (a task runs in the worker).
+std::byte* link_region() {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line))
+    if (line.find("forkpool-link") != std::string::npos)
+      return reinterpret_cast<std::byte*>(std::stoull(line.substr(0, line.find('-')), nullptr, 16));
+  return nullptr;
+}
+// A task that dies as its worker would in the middle of writing a reply: half an entry is in
+// the ring where the next reply goes, never published.
+int die_in_the_middle_of_a_ring_write(int) {
+  detail::RingView to_parent = detail::ring_in_region(link_region(), detail::kLinkRingCapacity, detail::kToParent);
+  std::uint64_t head = to_parent.control->head.load();
+  std::memset(to_parent.entries + head % to_parent.capacity, 0x5a, detail::kRingAlign / 2);
+  raise(SIGKILL);
+  return 0;
+}
 // A hostile task: finds its worker's link in its own mappings and writes an impossible position
 // where the worker says how far it has read the parent's ring.
 int scribble_on_its_ring(int x) {
-  std::ifstream maps("/proc/self/maps");
-  std::string line;
-  while (std::getline(maps, line)) {
-    if (line.find("forkpool-link") == std::string::npos) continue;
-    auto* region = reinterpret_cast<std::byte*>(std::stoull(line.substr(0, line.find('-')), nullptr, 16));
+  if (std::byte* region = link_region()) {
     detail::RingView to_worker = detail::ring_in_region(region, detail::kLinkRingCapacity, detail::kToWorker);
     to_worker.control->tail.store(std::uint64_t{1} << 60);
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
@@ -910,6 +925,15 @@ TEST_P(PoolTest, AReplacementKeepsItsPredecessorsIdAndGetsANewSeed) {
   }));
   EXPECT_EQ(std::get<0>(after), 0);
   EXPECT_NE(std::get<3>(after), seed);
+}
+
+// A worker killed in the middle of writing an entry published nothing: its task is WorkerLost
+// (nothing half-written is read), and the pool serves on.
+TEST_P(PoolTest, AWorkerKilledInTheMiddleOfARingWriteLosesOnlyItsTask) {
+  Pool pool(options(1));
+  EXPECT_EQ(pool.apply_async(square, 3).get(10s), 9);
+  EXPECT_THROW(pool.apply_async(die_in_the_middle_of_a_ring_write, 0).get(10s), WorkerLost);
+  EXPECT_EQ(pool.apply_async(square, 4).get(10s), 16);
 }
 
 // A task that writes garbage into its worker's ring: the parent finds it at its next send, the
