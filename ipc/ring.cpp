@@ -35,6 +35,10 @@ bool RingProducer::has_room(std::size_t payload_size) {
   std::uint64_t need = padded(sizeof(RingEntry) + payload_size);
   std::uint64_t at = head_ % view_.capacity;
   if (view_.capacity - at < need) need += view_.capacity - at;  // a wrap entry first
+  // The consumer only ever moves forward: the tail last seen is a safe bound, and reading its
+  // cache line (which the consumer writes on every entry) only when that bound is short keeps the
+  // line where the consumer is.
+  if (view_.capacity - (head_ - tail_seen_) >= need) return true;
   return view_.capacity - (head_ - read_tail()) >= need;
 }
 

@@ -103,16 +103,21 @@ int die_in_the_middle_of_a_ring_write(int) {
   raise(SIGKILL);
   return 0;
 }
-// A hostile task: finds its worker's link in its own mappings and writes an impossible position
-// where the worker says how far it has read the parent's ring.
+// A hostile task: writes an impossible position where its worker publishes its replies, and
+// wakes the parent (it writes every eventfd its worker holds) so that it looks now.
 int scribble_on_its_ring(int x) {
-  if (std::byte* region = link_region()) {
-    detail::RingView to_worker = detail::ring_in_region(region, detail::kLinkRingCapacity, detail::kToWorker);
-    to_worker.control->tail.store(std::uint64_t{1} << 60);
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    return x;
+  std::byte* region = link_region();
+  if (!region) return -1;
+  detail::RingView to_parent = detail::ring_in_region(region, detail::kLinkRingCapacity, detail::kToParent);
+  to_parent.control->head.store((std::uint64_t{1} << 60) + 7);
+  for (auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code error;
+    if (std::filesystem::read_symlink(entry.path(), error).string() != "anon_inode:[eventfd]") continue;
+    std::uint64_t one = 1;
+    (void)!write(std::stoi(entry.path().filename().string()), &one, sizeof one);
   }
-  return -1;
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  return x;
 }
 // A hostile task: tells the parent, as the worker would, that the pool's initializer failed.
 int forge_an_initializer_error(int x) {
@@ -936,7 +941,7 @@ TEST_P(PoolTest, AWorkerKilledInTheMiddleOfARingWriteLosesOnlyItsTask) {
   EXPECT_EQ(pool.apply_async(square, 4).get(10s), 16);
 }
 
-// A task that writes garbage into its worker's ring: the parent finds it at its next send, the
+// A task that writes garbage into its worker's ring: the parent finds it when it looks, the
 // task fails with ProtocolError, the task queued behind it runs on the replacement.
 TEST_P(PoolTest, AWorkerThatBreaksItsRingIsReplacedAndItsTaskFailsWithProtocolError) {
   Pool pool(options(1));
