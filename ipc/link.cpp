@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <cstring>
 #include <string>
@@ -21,7 +22,20 @@ namespace forkpool::detail {
 namespace {
 
 constexpr std::size_t kRingsBytes = 2 * ring_region_size(kLinkRingCapacity);
-constexpr int kPollsPerClockRead = 16;
+
+// A marker's payload: the kind of the socket message it announces (its request id is the entry's),
+// so that a message a task wrote to the socket itself is told apart.
+using Marker = std::array<std::byte, sizeof(std::uint16_t)>;
+Marker marker_for(std::uint16_t kind) {
+  Marker marker;
+  std::memcpy(marker.data(), &kind, sizeof kind);
+  return marker;
+}
+
+// Whether a message travels in the ring, or on the socket behind a marker.
+bool fits_ring(std::span<const std::byte> payload, std::span<const int> fds) {
+  return fds.empty() && payload.size() <= ring_payload_max(kLinkRingCapacity);
+}
 
 UniqueFd make_eventfd() {
   UniqueFd fd(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
@@ -89,15 +103,14 @@ WorkerLink::WorkerLink(Channel& channel, Mapping rings, UniqueFd own_wake, Uniqu
     : channel_(channel), rings_(std::move(rings)),
       inbound_(ring_in_region(rings_.data(), kLinkRingCapacity, kToWorker)),
       outbound_(ring_in_region(rings_.data(), kLinkRingCapacity, kToParent)), own_wake_(std::move(own_wake)),
-      parent_wake_(std::move(parent_wake)), spin_(spin), loose_(loose), payload_max_(ring_payload_max(kLinkRingCapacity)) {}
+      parent_wake_(std::move(parent_wake)), spin_(spin), loose_(loose) {}
 
 void WorkerLink::send(std::uint16_t kind, std::uint64_t request_id, std::span<const std::byte> payload,
                       std::span<const int> fds) {
-  std::byte marker[sizeof kind];
-  if (!fds.empty() || payload.size() > payload_max_) {
+  Marker marker;
+  if (!fits_ring(payload, fds)) {
     channel_.send(kind, request_id, payload, fds);
-    // The marker names the message, so one a task wrote to the socket itself is told apart.
-    std::memcpy(marker, &kind, sizeof kind);
+    marker = marker_for(kind);
     kind = kRingOnSocket;
     payload = marker;
   }
@@ -141,24 +154,10 @@ void WorkerLink::wait(std::optional<std::size_t> room_for) {
   auto ready = [&] { return room_for ? outbound_.has_room(*room_for) : inbound_.ready(); };
   const Clock::time_point began = Clock::now();
   if (std::chrono::nanoseconds budget = spin_.budget(); budget.count() > 0) {
-    std::uint64_t polls = 0;
-    Clock::time_point last = began;
-    bool found = false;
-    for (;;) {
-      ++polls;
-      if ((found = ready())) break;
-      cpu_relax();
-      if (polls % kPollsPerClockRead != 0) continue;
-      Clock::time_point now = Clock::now();
-      if (now - last > AdaptiveSpin::kPreemptionGap) {
-        spin_.saw_preemption();
-        break;
-      }
-      if (now - began >= budget) break;
-      last = now;
-    }
-    inbound_.control().spin_polls.fetch_add(polls, std::memory_order_relaxed);
-    if (found) {
+    SpinOutcome spun = spin_for(budget, [&](std::uint64_t) { return ready(); });
+    inbound_.control().spin_polls.fetch_add(spun.polls, std::memory_order_relaxed);
+    if (spun.preempted) spin_.saw_preemption();
+    if (spun.found) {
       if (!room_for) spin_.record(Clock::now() - began);
       return;
     }
@@ -192,7 +191,7 @@ ParentLink::ParentLink(Channel& channel, Mapping rings, UniqueFd own_wake, Uniqu
     : channel_(channel), rings_(std::move(rings)),
       inbound_(ring_in_region(rings_.data(), kLinkRingCapacity, kToParent)),
       outbound_(ring_in_region(rings_.data(), kLinkRingCapacity, kToWorker)), own_wake_(std::move(own_wake)),
-      worker_wake_(std::move(worker_wake)), spin_(spin), payload_max_(ring_payload_max(kLinkRingCapacity)) {
+      worker_wake_(std::move(worker_wake)), spin_(spin) {
   // Not polling until the loop spins: the worker wakes us through the eventfd.
   inbound_.control().consumer_sleeping.store(1, std::memory_order_seq_cst);
   // Workers forked later must not inherit this worker's rings (they map their own).
@@ -205,14 +204,13 @@ ParentLink::~ParentLink() {
 
 Task<void> ParentLink::async_send(std::uint16_t kind, std::uint64_t request_id, std::span<const std::byte> payload,
                                   std::span<const int> fds) {
-  if (fds.empty() && payload.size() <= payload_max_) {
+  if (fits_ring(payload, fds)) {
     co_await push(kind, request_id, payload);
     co_return;
   }
   if (gone_) throw ChannelClosed("forkpool: the worker is gone");
   co_await channel_.async_send(kind, request_id, payload, fds);
-  std::byte marker[sizeof kind];  // as the worker's: names the message
-  std::memcpy(marker, &kind, sizeof kind);
+  Marker marker = marker_for(kind);
   co_await push(kRingOnSocket, request_id, marker);
 }
 
@@ -226,7 +224,7 @@ Task<void> ParentLink::push(std::uint16_t kind, std::uint64_t request_id, std::s
 }
 
 bool ParentLink::try_send_now(std::uint16_t kind, std::uint64_t request_id, std::span<const std::byte> payload) {
-  if (gone_ || broken_ || sender_ || payload.size() > payload_max_) return false;
+  if (gone_ || broken_ || sender_ || !fits_ring(payload, {})) return false;
   try {
     if (!outbound_.try_push(kind, request_id, payload)) return false;
   } catch (const ProtocolError&) {
@@ -277,7 +275,7 @@ std::optional<Message> ParentLink::try_receive() {
 Message ParentLink::announced_socket_message(const RingRecord& marker) {
   constexpr int kMaxUnannounced = 64;
   std::uint16_t kind = 0;
-  if (marker.payload.size() != sizeof kind) throw ProtocolError("forkpool: a worker's ring holds a malformed marker");
+  if (marker.payload.size() != sizeof(Marker)) throw ProtocolError("forkpool: a worker's ring holds a malformed marker");
   std::memcpy(&kind, marker.payload.data(), sizeof kind);
   for (int dropped = 0; dropped <= kMaxUnannounced; ++dropped) {
     std::optional<Message> next = channel_.try_receive();

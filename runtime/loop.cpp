@@ -181,31 +181,18 @@ std::size_t announce_sleep(std::vector<detail::Spinner*>& spinners) {
 // it handled; zero means the turn may sleep. A spinner may remove itself while polled: iterate
 // by index.
 std::size_t spin_before_sleep(std::vector<detail::Spinner*>& spinners, detail::Backend& backend) {
-  constexpr int kPollsPerClockRead = 16;
   std::chrono::nanoseconds budget{0};
   for (std::size_t i = 0; i < spinners.size(); ++i) budget = std::max(budget, spinners[i]->spin_budget());
-  std::size_t handled = 0;
   if (budget.count() > 0) {
-    std::uint64_t polls = 0;
-    Clock::time_point last = Clock::now();
-    const Clock::time_point deadline = last + budget;
-    while (handled == 0) {
-      ++polls;
+    std::size_t handled = 0;
+    detail::SpinOutcome spun = detail::spin_for(budget, [&](std::uint64_t polls) {
       for (std::size_t i = 0; i < spinners.size(); ++i) handled += spinners[i]->poll() ? 1 : 0;
-      if (handled > 0 || polls % kPollsPerClockRead != 0) {
-        detail::cpu_relax();
-        continue;
-      }
-      handled = backend.reap(false);  // a timer, a post, another socket
-      Clock::time_point now = Clock::now();
-      if (now - last > detail::AdaptiveSpin::kPreemptionGap) {
-        for (std::size_t i = 0; i < spinners.size(); ++i) spinners[i]->saw_preemption();
-        break;
-      }
-      if (now >= deadline) break;
-      last = now;
-    }
-    detail::count_spin_polls(polls);
+      if (handled == 0 && polls % detail::kPollsPerClockRead == 0) handled = backend.reap(false);  // a timer, a post
+      return handled > 0;
+    });
+    detail::count_spin_polls(spun.polls);
+    if (spun.preempted)
+      for (std::size_t i = 0; i < spinners.size(); ++i) spinners[i]->saw_preemption();
     if (handled > 0) return handled;  // awake: the peers need not wake us
   }
   return announce_sleep(spinners);

@@ -20,6 +20,7 @@
 #include <forkpool/ipc/internal/memfd.hpp>
 #include <forkpool/ipc/internal/ring.hpp>
 #include <forkpool/runtime/error.hpp>
+#include <forkpool/runtime/internal/process.hpp>
 #include <forkpool/runtime/loop.hpp>
 #include <forkpool/runtime/when_all.hpp>
 #include "support.hpp"
@@ -179,10 +180,9 @@ TEST(Ring, AProducerKilledInTheMiddleOfWritingLeavesOnlyWholeEntries) {
 bool is_release(std::uint16_t kind) { return kind == 9; }
 
 struct LinkPair {
-  Channel parent_channel;
   LinkResources resources;
   Mapping rings;
-  LinkPair() : parent_channel(UniqueFd()), resources(LinkResources::create()), rings(map_link_rings(resources.rings.get())) {}
+  LinkPair() : resources(LinkResources::create()), rings(map_link_rings(resources.rings.get())) {}
 };
 
 // What the worker's end sends for message i: small ones in the ring, every 7th with a descriptor
@@ -232,6 +232,14 @@ struct StopOnExit {
   std::stop_source& stop;
   ~StopOnExit() { stop.request_stop(); }
 };
+
+// As the pool does: the worker's end exiting (here: failing, or killed by its alarm) ends the
+// link, so a conversation waiting for it fails with ChannelClosed instead of waiting for ever.
+Task<void> end_link_when_gone(pid_t pid, ParentLink& link, std::stop_token stop) {
+  UniqueFd pidfd = open_pidfd(pid);
+  int result = co_await wait_process_exit(pidfd.get(), {.stop = stop});
+  if (result >= 0) link.peer_gone();
+}
 
 Task<std::optional<Message>> next_message(ParentLink& link) {
   for (;;) {
@@ -288,7 +296,7 @@ TEST_P(LinkTest, TenThousandMixedMessagesKeepTheirOrderBothWays) {
     EXPECT_EQ(done->kind, 5);
   };
   try {
-    run(when_all(converse(), link.watch_wakes(stop.get_token())));
+    run(when_all(converse(), link.watch_wakes(stop.get_token()), end_link_when_gone(worker, link, stop.get_token())));
   } catch (const std::exception& e) {
     ADD_FAILURE() << e.what();
     kill(worker, SIGKILL);
@@ -324,7 +332,7 @@ TEST_P(LinkTest, AWriterFacingAFullRingSleepsAndLosesNothing) {
       EXPECT_TRUE(holds_payload_of(m->payload.bytes(), i, 16'000)) << "message " << i;
     }
   };
-  run(when_all(drain(), link.watch_wakes(stop.get_token())));
+  run(when_all(drain(), link.watch_wakes(stop.get_token()), end_link_when_gone(worker, link, stop.get_token())));
   int status = 0;
   waitpid(worker, &status, 0);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;

@@ -87,7 +87,6 @@ class WorkerLink {
   LooseKinds loose_;
   std::deque<Message> ordered_;  // socket messages read before their marker
   std::deque<Message> early_;    // loose messages read while waiting to send
-  std::size_t payload_max_;
 };
 
 // The parent's end: on the loop's thread. Sends are serialised by the caller (one at a time).
@@ -161,7 +160,6 @@ class ParentLink final : public Spinner {
   UniqueFd own_wake_;
   UniqueFd worker_wake_;
   AdaptiveSpin spin_;
-  std::size_t payload_max_;
   std::coroutine_handle<> receiver_;
   std::coroutine_handle<> sender_;
   std::size_t sender_needs_ = 0;  // the payload size sender_ waits to have room for

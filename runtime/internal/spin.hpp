@@ -39,7 +39,6 @@ class AdaptiveSpin {
 
   // How long the next wait may poll; zero: sleep at once.
   std::chrono::nanoseconds budget() const noexcept { return cooldown_ > 0 ? std::chrono::nanoseconds{0} : budget_; }
-  bool never_spins() const noexcept { return bound_.count() == 0; }
   // The wait that began `gap` ago ended with a message.
   void record(std::chrono::nanoseconds gap) noexcept;
   // The spin of the current wait lost the CPU.
@@ -50,6 +49,42 @@ class AdaptiveSpin {
   std::chrono::nanoseconds budget_;
   int cooldown_ = 0;
 };
+
+// How one spin ended: something came (`found`), the budget ran out, or the CPU was taken away
+// (`preempted`: a gap between two clock reads longer than AdaptiveSpin::kPreemptionGap).
+struct SpinOutcome {
+  bool found = false;
+  bool preempted = false;
+  std::uint64_t polls = 0;
+};
+
+// Calls `look(polls)` (true: something came) until it finds something, `budget` has passed or
+// the CPU was taken away, relaxing the CPU between looks and reading the clock only every
+// kPollsPerClockRead looks (a look costs nanoseconds, a clock read tens of them).
+inline constexpr std::uint64_t kPollsPerClockRead = 16;
+template <class Look>
+SpinOutcome spin_for(std::chrono::nanoseconds budget, Look look) {
+  using Clock = std::chrono::steady_clock;
+  SpinOutcome outcome;
+  const Clock::time_point began = Clock::now();
+  Clock::time_point last = began;
+  for (;;) {
+    ++outcome.polls;
+    if (look(outcome.polls)) {
+      outcome.found = true;
+      return outcome;
+    }
+    cpu_relax();
+    if (outcome.polls % kPollsPerClockRead != 0) continue;
+    Clock::time_point now = Clock::now();
+    if (now - last > AdaptiveSpin::kPreemptionGap) {
+      outcome.preempted = true;
+      return outcome;
+    }
+    if (now - began >= budget) return outcome;
+    last = now;
+  }
+}
 
 // Polls done by spinning in this process (for tests: spin = 0 must do none).
 std::uint64_t spin_polls() noexcept;
