@@ -94,6 +94,17 @@ std::optional<Message> Channel::try_receive() {
   return receiver().finish(rc < 0 ? -errno : rc);
 }
 
+std::optional<std::uint64_t> Channel::peek_request_id() {
+  // No control buffer: the kernel keeps the descriptors with the message (MSG_CTRUNC here).
+  FrameHeader header{};
+  long rc;
+  do rc = ::recv(fd_.get(), &header, sizeof header, MSG_PEEK | MSG_DONTWAIT);
+  while (rc < 0 && (errno == EINTR || errno == ECONNRESET));
+  if (rc < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return std::nullopt;
+  if (rc < 0) detail::throw_last_errno("forkpool: peek");
+  return rc == static_cast<long>(sizeof header) ? header.request_id : 0;
+}
+
 Task<void> Channel::async_send(std::uint16_t kind, std::uint64_t request_id, std::span<const std::byte> payload,
                                std::span<const int> fds, IoOptions options) {
   OutgoingFrame frame(kind, request_id, payload, fds, inline_limit());

@@ -2,16 +2,19 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <climits>
 #include <string>
 #include <system_error>
 
 #include <forkpool/pool/internal/fd_wait.hpp>
 #include <forkpool/pool/internal/queue_memory.hpp>
+#include <forkpool/pool/internal/shared_page.hpp>
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/internal/errno.hpp>
 #include <forkpool/runtime/internal/io.hpp>
@@ -33,10 +36,46 @@ void check_pipe(int fd) {
   if (fstat(fd, &st) != 0 || !S_ISFIFO(st.st_mode)) throw ProtocolError("forkpool: a Queue's token descriptor is not a pipe");
 }
 
+// An id for each item put, distinct in practice across processes (a forked child counts on from
+// its parent's count, under its own pid): a consumer that finds a dead consumer's take compares
+// it with the item now first in line.
+std::uint64_t next_item_id() {
+  static std::atomic<std::uint64_t> count{1};
+  return (static_cast<std::uint64_t>(getpid()) << 40) | (count.fetch_add(1, std::memory_order_relaxed) & ((std::uint64_t{1} << 40) - 1));
+}
+
 }  // namespace
 
+// What the queue's page holds: the consumers' turn, and how far the current take got.
+enum class QueueCore::Stage : std::uint32_t { idle, taking, taken };
+
+namespace {
+struct QueueState {
+  pthread_mutex_t turn;
+  std::atomic<std::uint32_t> stage;    // a QueueCore::Stage
+  std::atomic<std::uint64_t> item_id;  // the item being taken (its frame's request id)
+};
+QueueState& state_of(SharedPage& page) { return *page.as<QueueState>(); }
+}  // namespace
+
+// Holds the consumers' turn for a scope.
+class QueueCore::TakeTurn {
+ public:
+  TakeTurn(QueueCore& queue, bool wait) : queue_(queue), held_(queue.enter_turn(wait)) {}
+  ~TakeTurn() {
+    if (held_) queue_.leave_turn();
+  }
+  TakeTurn(const TakeTurn&) = delete;
+  TakeTurn& operator=(const TakeTurn&) = delete;
+
+ private:
+  QueueCore& queue_;
+  bool held_;
+};
+
 QueueCore::QueueCore(std::size_t maxsize)
-    : maxsize_(maxsize), put_end_(UniqueFd()), get_end_(UniqueFd()) {
+    : maxsize_(maxsize), put_end_(UniqueFd()), get_end_(UniqueFd()), page_(SharedPage::create("forkpool-queue")) {
+  init_robust_mutex(state_of(*page_).turn, "forkpool: Queue");
   auto [put_end, get_end] = Channel::make_pair();
   put_end_ = std::move(put_end);
   get_end_ = std::move(get_end);
@@ -54,9 +93,10 @@ QueueCore::QueueCore(std::size_t maxsize)
     throw_last_errno("forkpool: Queue: tokens");
 }
 
-QueueCore::QueueCore(std::size_t maxsize, UniqueFd put_end, UniqueFd get_end, UniqueFd tokens_out, UniqueFd tokens_in)
+QueueCore::QueueCore(std::size_t maxsize, UniqueFd put_end, UniqueFd get_end, UniqueFd page, UniqueFd tokens_out,
+                     UniqueFd tokens_in)
     : maxsize_(maxsize), put_end_(std::move(put_end)), get_end_(std::move(get_end)),
-      tokens_out_(std::move(tokens_out)), tokens_in_(std::move(tokens_in)) {
+      page_(SharedPage::adopt(std::move(page))), tokens_out_(std::move(tokens_out)), tokens_in_(std::move(tokens_in)) {
   check_socket(put_end_.fd());
   check_socket(get_end_.fd());
   if (maxsize_ > 0) {
@@ -65,20 +105,22 @@ QueueCore::QueueCore(std::size_t maxsize, UniqueFd put_end, UniqueFd get_end, Un
   }
 }
 
+QueueCore::~QueueCore() = default;
+
 void QueueCore::check_open() const {
   if (closed_) throw std::logic_error("forkpool: Queue::put after close() in this process");
 }
 
 // A bounded queue's free place. The token pipe is non-blocking: another producer may take
 // the token poll() saw.
-bool QueueCore::take_token(Deadline deadline) {
+bool QueueCore::try_take_token() {
   if (maxsize_ == 0) return true;
-  for (;;) {
-    char token;
-    if (read(tokens_out_.get(), &token, 1) == 1) return true;
-    if (errno != EAGAIN && errno != EINTR) throw_last_errno("forkpool: Queue: take a place");
-    if (!wait_for_fd(tokens_out_.get(), POLLIN, deadline, "forkpool: Queue::put")) return false;
+  char token;
+  while (read(tokens_out_.get(), &token, 1) != 1) {
+    if (errno == EAGAIN) return false;
+    if (errno != EINTR) throw_last_errno("forkpool: Queue: take a place");
   }
+  return true;
 }
 
 void QueueCore::give_token() {
@@ -90,9 +132,19 @@ void QueueCore::give_token() {
 
 bool QueueCore::put(const Writer& item, Deadline deadline) {
   check_open();
-  if (!take_token(deadline)) return false;
+  while (!try_take_token()) {
+    auto now = std::chrono::steady_clock::now();
+    if (deadline && now >= *deadline) {
+      recover_abandoned_take();
+      if (try_take_token()) break;
+      return false;
+    }
+    auto until = now + kAbandonedTakeCheck;
+    if (!wait_for_fd(tokens_out_.get(), POLLIN, deadline ? std::min(until, *deadline) : until, "forkpool: Queue::put"))
+      recover_abandoned_take();
+  }
   try {
-    put_end_.send(kItem, 0, item.bytes(), item.fds());
+    put_end_.send(kItem, next_item_id(), item.bytes(), item.fds());
   } catch (...) {
     give_token();
     throw;
@@ -102,21 +154,76 @@ bool QueueCore::put(const Writer& item, Deadline deadline) {
 
 Task<void> QueueCore::async_put(Writer item) {
   check_open();
-  while (!take_token(std::chrono::steady_clock::now())) co_await wait_readable(tokens_out_.get());
+  while (!try_take_token()) {
+    IoOptions options{.deadline = Clock::now() + kAbandonedTakeCheck};
+    int rc = co_await wait_readable(tokens_out_.get(), options);
+    if (rc == -ETIMEDOUT) recover_abandoned_take();
+    else if (rc < 0) throw std::system_error(-rc, std::generic_category(), "forkpool: Queue::async_put");
+  }
   try {
-    co_await put_end_.async_send(kItem, 0, item.bytes(), item.fds());
+    co_await put_end_.async_send(kItem, next_item_id(), item.bytes(), item.fds());
   } catch (...) {
     give_token();
     throw;
   }
 }
 
+bool QueueCore::enter_turn(bool wait) {
+  pthread_mutex_t& turn = state_of(*page_).turn;
+  bool holder_died = false;
+  bool held = robust_lock_taken(turn, wait ? pthread_mutex_lock(&turn) : pthread_mutex_trylock(&turn), holder_died,
+                                "forkpool: Queue::get");
+  if (holder_died) settle_abandoned_take();
+  return held;
+}
+
+void QueueCore::leave_turn() noexcept { pthread_mutex_unlock(&state_of(*page_).turn); }
+
 std::optional<Message> QueueCore::try_take() {
-  std::lock_guard turn(receiving_);
-  std::optional<Message> item = get_end_.try_receive();
-  if (item) give_token();
+  TakeTurn turn(*this, /*wait=*/true);
+  if (!begin_take()) return std::nullopt;
+  std::optional<Message> item;
+  try {
+    item = receive_taken();
+  } catch (...) {  // a malformed item: received, and refused
+    settle_abandoned_take();
+    throw;
+  }
+  end_take();
   return item;
 }
+
+std::optional<std::uint64_t> QueueCore::begin_take() {
+  std::optional<std::uint64_t> id = get_end_.peek_request_id();
+  if (!id) return std::nullopt;
+  QueueState& state = state_of(*page_);
+  state.item_id.store(*id);
+  state.stage.store(static_cast<std::uint32_t>(Stage::taking));
+  return id;
+}
+
+std::optional<Message> QueueCore::receive_taken() {
+  std::optional<Message> item = get_end_.try_receive();
+  state_of(*page_).stage.store(static_cast<std::uint32_t>(item ? Stage::taken : Stage::idle));
+  return item;
+}
+
+void QueueCore::end_take() {
+  QueueState& state = state_of(*page_);
+  if (state.stage.load() == static_cast<std::uint32_t>(Stage::taken)) give_token();
+  state.stage.store(static_cast<std::uint32_t>(Stage::idle));
+}
+
+void QueueCore::settle_abandoned_take() {
+  QueueState& state = state_of(*page_);
+  auto stage = static_cast<Stage>(state.stage.load());
+  // Taking: whether the item left depends on whether it is still first in line.
+  bool item_left = stage == Stage::taken || (stage == Stage::taking && get_end_.peek_request_id() != state.item_id.load());
+  if (item_left) give_token();
+  state.stage.store(static_cast<std::uint32_t>(Stage::idle));
+}
+
+void QueueCore::recover_abandoned_take() { TakeTurn turn(*this, /*wait=*/false); }
 
 std::optional<Message> QueueCore::get(Deadline deadline) {
   for (;;) {
@@ -138,6 +245,7 @@ void QueueCore::encode(Writer& w, const std::shared_ptr<const QueueCore>& self) 
   w.write(static_cast<std::uint64_t>(maxsize_));
   w.write(w.attach_fd(put_end_.fd(), self));
   w.write(w.attach_fd(get_end_.fd(), self));
+  w.write(w.attach_fd(page_->fd(), self));
   if (maxsize_ > 0) {
     w.write(w.attach_fd(tokens_out_.get(), self));
     w.write(w.attach_fd(tokens_in_.get(), self));
@@ -163,13 +271,14 @@ std::shared_ptr<QueueCore> decode_queue(Reader& r) {
   auto maxsize = r.read<std::uint64_t>();
   UniqueFd put_end = r.take_fd(r.read<std::uint32_t>());
   UniqueFd get_end = r.take_fd(r.read<std::uint32_t>());
+  UniqueFd page = r.take_fd(r.read<std::uint32_t>());
   UniqueFd tokens_out, tokens_in;
   if (maxsize > 0) {
     tokens_out = r.take_fd(r.read<std::uint32_t>());
     tokens_in = r.take_fd(r.read<std::uint32_t>());
   }
   return std::make_shared<QueueCore>(static_cast<std::size_t>(maxsize), std::move(put_end), std::move(get_end),
-                                     std::move(tokens_out), std::move(tokens_in));
+                                     std::move(page), std::move(tokens_out), std::move(tokens_in));
 }
 
 }  // namespace forkpool::detail

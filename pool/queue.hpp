@@ -14,7 +14,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <stdexcept>
 
@@ -37,12 +36,17 @@ void decode_queue_item(Message& message, const std::function<void(Reader&)>& rea
 using Deadline = std::optional<std::chrono::steady_clock::time_point>;  // none: for ever
 Deadline deadline_after(std::chrono::nanoseconds timeout);               // nanoseconds::max(): none
 
+class SharedPage;
+struct QueueInternals;
+
 class QueueCore {
  public:
   explicit QueueCore(std::size_t maxsize);
-  // A queue received from another process: `fds` are its socket ends and, when bounded, its
-  // token pipe. Throws ProtocolError when they are not.
-  QueueCore(std::size_t maxsize, UniqueFd put_end, UniqueFd get_end, UniqueFd tokens_out, UniqueFd tokens_in);
+  // A queue received from another process: its socket ends, its shared page and, when bounded,
+  // its token pipe. Throws ProtocolError when they are not.
+  QueueCore(std::size_t maxsize, UniqueFd put_end, UniqueFd get_end, UniqueFd page, UniqueFd tokens_out,
+            UniqueFd tokens_in);
+  ~QueueCore();
 
   // false when `deadline` passed first.
   bool put(const Writer& item, Deadline deadline);
@@ -56,16 +60,34 @@ class QueueCore {
   void encode(Writer& w, const std::shared_ptr<const QueueCore>& self) const;
 
  private:
-  bool take_token(Deadline deadline);
+  friend struct QueueInternals;
+  class TakeTurn;
+  enum class Stage : std::uint32_t;
+
+  bool try_take_token();
   void give_token();
   void check_open() const;
-  // One item if one is waiting, never blocking. The channel's receive buffer is one per
-  // channel: the threads of this process take turns (they never wait while holding the turn).
+  // One item if one is waiting, never blocking. Consumers in every process take turns (a
+  // robust mutex in the queue's page; nobody waits while holding the turn), so a consumer that
+  // dies in the middle of a take is noticed by the next, which gives its place back.
   std::optional<Message> try_take();
+  // The consumers' turn (held for a few system calls). Taking it from a holder that died
+  // settles what that holder left half done. enter_turn(false): false when busy.
+  bool enter_turn(bool wait);
+  void leave_turn() noexcept;
+  // The steps of a take, each recorded in the page (tests stop a consumer between them).
+  std::optional<std::uint64_t> begin_take();
+  std::optional<Message> receive_taken();
+  void end_take();
+  // After a consumer died holding the turn: its place back, if it had taken its item.
+  void settle_abandoned_take();
+  // A producer waiting for a place looks this often for a take that a dead consumer left.
+  static constexpr std::chrono::milliseconds kAbandonedTakeCheck{100};
+  void recover_abandoned_take();
 
   std::size_t maxsize_;
   Channel put_end_, get_end_;
-  std::mutex receiving_;  // try_take()
+  std::shared_ptr<SharedPage> page_;
   UniqueFd tokens_out_, tokens_in_;  // read a token from out; write one into in
   bool closed_ = false;
 };
@@ -135,7 +157,7 @@ std::shared_ptr<QueueCore> decode_queue(Reader& r);
 
 template <class T>
 struct codec<Queue<T>> {
-  static constexpr std::size_t min_size = sizeof(std::uint64_t) + 2 * sizeof(std::uint32_t);
+  static constexpr std::size_t min_size = sizeof(std::uint64_t) + 3 * sizeof(std::uint32_t);
   static void encode(Writer& w, const Queue<T>& queue) { queue.core_->encode(w, queue.core_); }
   static Queue<T> decode(Reader& r) { return Queue<T>(detail::decode_queue(r)); }
 };

@@ -1,11 +1,8 @@
 #include <forkpool/pool/sync.hpp>
 
-#include <linux/futex.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sys/eventfd.h>
-#include <sys/mman.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -14,35 +11,12 @@
 #include <stdexcept>
 #include <system_error>
 
-#include <forkpool/ipc/internal/memfd.hpp>
 #include <forkpool/pool/internal/fd_wait.hpp>
 #include <forkpool/pool/internal/shared_page.hpp>
 #include <forkpool/runtime/internal/errno.hpp>
 #include <forkpool/runtime/internal/io.hpp>
 
 namespace forkpool {
-namespace detail {
-
-std::shared_ptr<SharedPage> SharedPage::create(const char* name) {
-  UniqueFd fd = create_memfd(name, kSize);
-  seal_size(fd.get());
-  Mapping mapping = Mapping::map(fd.get(), kSize, PROT_READ | PROT_WRITE);
-  return std::shared_ptr<SharedPage>(new SharedPage(std::move(fd), std::move(mapping)));
-}
-
-std::shared_ptr<SharedPage> SharedPage::adopt(UniqueFd fd) {
-  check_sealed_memfd(fd.get(), kSize, "forkpool: a lock's or barrier's page");
-  Mapping mapping = Mapping::map(fd.get(), kSize, PROT_READ | PROT_WRITE);
-  return std::shared_ptr<SharedPage>(new SharedPage(std::move(fd), std::move(mapping)));
-}
-
-void futex_wait(const void* word, std::uint32_t expected, const timespec* timeout) noexcept {
-  syscall(SYS_futex, word, FUTEX_WAIT, expected, timeout, nullptr, 0);
-}
-
-void futex_wake_all(const void* word) noexcept { syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0); }
-
-}  // namespace detail
 
 // Event: an eventfd whose count is non-zero while set. poll() says readable while it is, so
 // waiting (blocking, or on the loop) never consumes it; clear() reads the count back to zero.
@@ -104,27 +78,11 @@ struct LockState {
 }  // namespace
 
 Lock::Lock() : page_(detail::SharedPage::create("forkpool-lock")) {
-  pthread_mutexattr_t attributes;
-  pthread_mutexattr_init(&attributes);
-  pthread_mutexattr_setpshared(&attributes, PTHREAD_PROCESS_SHARED);
-  pthread_mutexattr_setrobust(&attributes, PTHREAD_MUTEX_ROBUST);
-  int rc = pthread_mutex_init(&page_->as<LockState>()->mutex, &attributes);
-  pthread_mutexattr_destroy(&attributes);
-  if (rc != 0) throw std::system_error(rc, std::generic_category(), "forkpool: Lock");
+  detail::init_robust_mutex(page_->as<LockState>()->mutex, "forkpool: Lock");
 }
 
 bool Lock::took(int result) {
-  if (result == EOWNERDEAD) {
-    pthread_mutex_consistent(&page_->as<LockState>()->mutex);
-    previous_owner_died_ = true;
-    return true;
-  }
-  if (result == 0) {
-    previous_owner_died_ = false;
-    return true;
-  }
-  if (result == EBUSY) return false;
-  throw std::system_error(result, std::generic_category(), "forkpool: Lock::lock");
+  return detail::robust_lock_taken(page_->as<LockState>()->mutex, result, previous_owner_died_, "forkpool: Lock::lock");
 }
 
 void Lock::lock() { took(pthread_mutex_lock(&page_->as<LockState>()->mutex)); }
@@ -135,7 +93,7 @@ bool Lock::try_lock_for(std::chrono::nanoseconds timeout) {
   __kernel_timespec when = to_kernel_time(forkpool::deadline_after(timeout));  // saturates: "for ever"
   timespec deadline{static_cast<time_t>(when.tv_sec), static_cast<long>(when.tv_nsec)};
   int rc = pthread_mutex_clocklock(&page_->as<LockState>()->mutex, CLOCK_MONOTONIC, &deadline);
-  return rc == ETIMEDOUT ? false : took(rc);
+  return took(rc);
 }
 
 void Lock::unlock() {

@@ -401,6 +401,75 @@ TEST(QueueTest, PutAfterCloseIsALogicError) {
   EXPECT_EQ(q.get(), 1);
 }
 
+}  // namespace
+}  // namespace forkpool
+
+// A consumer that dies in the middle of a take, stopped between its real steps.
+struct forkpool::detail::QueueInternals {
+  enum class DieAfter { finding_the_item, receiving_it };
+  [[noreturn]] static void die_in_take(QueueCore& queue, DieAfter where) {
+    queue.enter_turn(/*wait=*/true);
+    if (!queue.begin_take()) _exit(2);
+    if (where == DieAfter::receiving_it && !queue.receive_taken()) _exit(3);
+    _exit(0);  // with the turn held, as SIGKILL would leave it
+  }
+};
+
+namespace forkpool {
+namespace {
+
+using detail::QueueInternals;
+
+// The same queue as `q`, as another process receives it.
+std::shared_ptr<detail::QueueCore> core_of(const Queue<int>& q) {
+  Writer w;
+  w.write(q);
+  std::vector<UniqueFd> fds;
+  for (int attached : w.fds()) fds.emplace_back(dup(attached));
+  Reader r(w.bytes(), fds);
+  return detail::decode_queue(r);
+}
+
+TEST(QueueTest, AConsumerThatDiesAfterReceivingAnItemGivesItsPlaceBack) {
+  Queue<int> q(1);
+  q.put(7);
+  int status = test_support::run_in_child([&] { QueueInternals::die_in_take(*core_of(q), QueueInternals::DieAfter::receiving_it); });
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  // Item 7 died with its consumer; its place comes back to the waiting producer.
+  ASSERT_TRUE(q.put(8, 5s));
+  EXPECT_EQ(q.get(), 8);
+  // One place, not two.
+  ASSERT_TRUE(q.put(9, 1s));
+  EXPECT_FALSE(q.put(10, 150ms));
+  EXPECT_EQ(q.get(), 9);
+}
+
+TEST(QueueTest, AConsumerThatDiesBeforeReceivingLeavesItsItemAndNoExtraPlace) {
+  Queue<int> q(1);
+  q.put(7);
+  int status = test_support::run_in_child([&] { QueueInternals::die_in_take(*core_of(q), QueueInternals::DieAfter::finding_the_item); });
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_FALSE(q.put(8, 250ms));  // still full: the item stayed
+  EXPECT_EQ(q.get(), 7);
+  EXPECT_TRUE(q.put(8, 1s));
+  EXPECT_EQ(q.get(), 8);
+}
+
+TEST(QueueTest, AProducerOnTheLoopGetsThePlaceOfAConsumerThatDied) {
+  Queue<int> q(1);
+  q.put(7);
+  int status = test_support::run_in_child([&] { QueueInternals::die_in_take(*core_of(q), QueueInternals::DieAfter::receiving_it); });
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  status = test_support::run_in_child_within(10s, [&] {
+    auto body = [&]() -> Task<int> {
+      co_await q.async_put(8);
+      co_return co_await q.async_get();
+    };
+    _exit(run(body()) == 8 ? 0 : 1);
+  });
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+}
+
 // Where threads meet: a Lock between the threads of one process, and tensors got from a queue
 // dropped on other threads (their releases go home from there). Also run under TSan.
 TEST(ThreadsTest, ALockSerializesThreadsAndQueueTensorsMayBeDroppedOnAnyThread) {
@@ -437,6 +506,7 @@ void expect_refused_with(int fd) {
   Writer w;
   if constexpr (std::is_same_v<T, Queue<int>>) {
     w.write(std::uint64_t{0});
+    w.write(w.attach_fd(fd));
     w.write(w.attach_fd(fd));
   }
   w.write(w.attach_fd(fd));

@@ -29,6 +29,10 @@ class Channel {
   Message receive();
   // Never blocks: nothing when no message is waiting. Throws like receive().
   std::optional<Message> try_receive();
+  // The request id of the message try_receive() would take next, leaving it in place (its
+  // descriptors too); nothing when none is waiting; 0 when it is too short to be a frame (or the
+  // peer is gone): try_receive() then says what it is. Never blocks.
+  std::optional<std::uint64_t> peek_request_id();
   // Never blocks: false when the socket's buffer is full. Throws like send().
   bool try_send(std::uint16_t kind, std::uint64_t request_id, std::span<const std::byte> payload,
                 std::span<const int> fds = {});

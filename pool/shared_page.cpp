@@ -1,0 +1,55 @@
+#include <forkpool/pool/internal/shared_page.hpp>
+
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <system_error>
+
+#include <forkpool/ipc/internal/memfd.hpp>
+
+namespace forkpool::detail {
+
+std::shared_ptr<SharedPage> SharedPage::create(const char* name) {
+  UniqueFd fd = create_memfd(name, kSize);
+  seal_size(fd.get());
+  Mapping mapping = Mapping::map(fd.get(), kSize, PROT_READ | PROT_WRITE);
+  return std::shared_ptr<SharedPage>(new SharedPage(std::move(fd), std::move(mapping)));
+}
+
+std::shared_ptr<SharedPage> SharedPage::adopt(UniqueFd fd) {
+  check_sealed_memfd(fd.get(), kSize, "forkpool: a lock's, barrier's or queue's page");
+  Mapping mapping = Mapping::map(fd.get(), kSize, PROT_READ | PROT_WRITE);
+  return std::shared_ptr<SharedPage>(new SharedPage(std::move(fd), std::move(mapping)));
+}
+
+void futex_wait(const void* word, std::uint32_t expected, const timespec* timeout) noexcept {
+  syscall(SYS_futex, word, FUTEX_WAIT, expected, timeout, nullptr, 0);
+}
+
+void futex_wake_all(const void* word) noexcept { syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0); }
+
+void init_robust_mutex(pthread_mutex_t& mutex, const char* who) {
+  pthread_mutexattr_t attributes;
+  pthread_mutexattr_init(&attributes);
+  pthread_mutexattr_setpshared(&attributes, PTHREAD_PROCESS_SHARED);
+  pthread_mutexattr_setrobust(&attributes, PTHREAD_MUTEX_ROBUST);
+  int rc = pthread_mutex_init(&mutex, &attributes);
+  pthread_mutexattr_destroy(&attributes);
+  if (rc != 0) throw std::system_error(rc, std::generic_category(), who);
+}
+
+bool robust_lock_taken(pthread_mutex_t& mutex, int result, bool& holder_died, const char* who) {
+  if (result == 0 || result == EOWNERDEAD) {
+    if (result == EOWNERDEAD) pthread_mutex_consistent(&mutex);
+    holder_died = result == EOWNERDEAD;
+    return true;
+  }
+  if (result == EBUSY || result == ETIMEDOUT) return false;
+  throw std::system_error(result, std::generic_category(), who);
+}
+
+}  // namespace forkpool::detail
