@@ -104,8 +104,10 @@ class PoolCoreImpl final : public PoolCore, public std::enable_shared_from_this<
 
  private:
   struct Worker;
-  void start_worker();
-  int free_worker_id();
+  struct WorkerStart;
+  void launch_workers(int count);
+  void serve_started(WorkerStart& start);
+  int free_worker_id(const std::vector<int>& starting);
   void replenish();
   void dispatch();
   std::shared_ptr<Worker> pick_worker();
@@ -224,36 +226,73 @@ void PoolCoreImpl::start_workers() {
   }
   launcher_ = make_launcher(options_, process_name_);
   seed_base_ = pool_seed_base(options_.seed);
-  for (int i = 0; i < processes_; ++i) start_worker();
+  launch_workers(processes_);
   if (options_.task_timeout > std::chrono::nanoseconds::zero()) background_.start(enforce_task_timeout());
 }
 
-// The lowest id no live worker holds: a replacement takes the id of the worker it replaces.
-int PoolCoreImpl::free_worker_id() {
+// The lowest id no live worker holds, nor one being started (`starting`): a replacement takes
+// the id of the worker it replaces.
+int PoolCoreImpl::free_worker_id(const std::vector<int>& starting) {
   for (int id = 0;; ++id) {
-    bool held = std::any_of(workers_.begin(), workers_.end(), [&](const auto& w) { return w->index == id; });
+    bool held = std::any_of(workers_.begin(), workers_.end(), [&](const auto& w) { return w->index == id; }) ||
+                std::find(starting.begin(), starting.end(), id) != starting.end();
     if (held) continue;
     if (static_cast<std::size_t>(id) >= generations_.size()) generations_.resize(id + 1, 0);
     return id;
   }
 }
 
-void PoolCoreImpl::start_worker() {
-  auto [ours, theirs] = Channel::make_pair();
-  // Where the worker will say which job it runs: its first message carries it.
-  UniqueFd slot = create_memfd("forkpool-running-slot", kRunningSlotBytes);
-  seal_size(slot.get());
-  LinkResources link = LinkResources::create();
-  Mapping rings = map_link_rings(link.rings.get());
-  auto worker = std::make_shared<Worker>();
-  worker->running_slot = Mapping::map(slot.get(), kRunningSlotBytes, PROT_READ | PROT_WRITE);
-  worker->index = free_worker_id();
-  std::uint64_t seed = worker_seed(seed_base_, worker->index, generations_[worker->index]++);
-  worker->process = launcher_->spawn(worker->index, theirs.release());
-  worker->channel.emplace(ours.release());
-  int hello_fds[] = {slot.get(), link.rings.get(), link.worker_wake.get(), link.parent_wake.get()};
-  worker->link = std::make_unique<ParentLink>(*worker->channel, std::move(rings), std::move(link.parent_wake),
-                                              std::move(link.worker_wake), options_.spin);
+// What the parent makes for a worker before it starts, and keeps or hands over after.
+struct PoolCoreImpl::WorkerStart {
+  std::shared_ptr<Worker> worker = std::make_shared<Worker>();
+  Channel ours{UniqueFd()};
+  UniqueFd slot;  // where the worker will say which job it runs: its first message carries it
+  LinkResources link;
+  Mapping rings;
+  std::uint64_t seed = 0;
+};
+
+// Starts `count` workers whose start-ups overlap (a spawned worker's is a run of the program up
+// to forkpool::init()). Those that start are served even when others fail; then the first
+// failure is thrown.
+void PoolCoreImpl::launch_workers(int count) {
+  std::vector<WorkerStart> starts(count);
+  std::vector<Launcher::Launch> launches(count);
+  std::vector<int> ids;
+  for (int i = 0; i < count; ++i) {
+    WorkerStart& start = starts[i];
+    auto [ours, theirs] = Channel::make_pair();
+    start.ours = std::move(ours);
+    start.slot = create_memfd("forkpool-running-slot", kRunningSlotBytes);
+    seal_size(start.slot.get());
+    start.link = LinkResources::create();
+    start.rings = map_link_rings(start.link.rings.get());
+    start.worker->running_slot = Mapping::map(start.slot.get(), kRunningSlotBytes, PROT_READ | PROT_WRITE);
+    start.worker->index = free_worker_id(ids);
+    ids.push_back(start.worker->index);
+    start.seed = worker_seed(seed_base_, start.worker->index, generations_[start.worker->index]++);
+    launches[i] = {start.worker->index, theirs.release(), {}, nullptr};
+  }
+  launcher_->spawn_all(launches);
+  std::exception_ptr first_failure;
+  for (int i = 0; i < count; ++i) {
+    try {
+      if (launches[i].error) std::rethrow_exception(launches[i].error);
+      starts[i].worker->process = std::move(launches[i].process);
+      serve_started(starts[i]);
+    } catch (...) {
+      if (!first_failure) first_failure = std::current_exception();
+    }
+  }
+  if (first_failure) std::rethrow_exception(first_failure);
+}
+
+void PoolCoreImpl::serve_started(WorkerStart& start) {
+  std::shared_ptr<Worker>& worker = start.worker;
+  worker->channel.emplace(start.ours.release());
+  int hello_fds[] = {start.slot.get(), start.link.rings.get(), start.link.worker_wake.get(), start.link.parent_wake.get()};
+  worker->link = std::make_unique<ParentLink>(*worker->channel, std::move(start.rings), std::move(start.link.parent_wake),
+                                              std::move(start.link.worker_wake), options_.spin);
   workers_.push_back(worker);
   background_.start(watch(worker));  // from here on its death is noticed, whatever fails below
   background_.start(relay_wakes(worker));
@@ -261,7 +300,7 @@ void PoolCoreImpl::start_worker() {
     // The sharing strategy of now: a worker from a fork server started earlier has that one's.
     std::int64_t spin = options_.spin ? options_.spin->count() : -1;
     Writer hello = encode(std::tuple<int, int, std::uint64_t, SharingStrategy, std::int64_t>(
-        worker->index, processes_, seed, get_sharing_strategy(), spin));
+        worker->index, processes_, start.seed, get_sharing_strategy(), spin));
     worker->channel->send(kHelloMessage, 0, hello.bytes(), hello_fds);  // an empty socket: no wait
     // A block let go here, on any thread, goes home to the worker at once. The line owns its
     // own descriptor, so it stays valid however the release races with the worker's end.
@@ -323,9 +362,9 @@ void PoolCoreImpl::stream_closed() {
 }
 
 void PoolCoreImpl::replenish() {
-  while (!terminated_ && !broken_ && static_cast<int>(workers_.size()) < processes_ && (!closed_ || !queue_.empty())) {
+  if (!terminated_ && !broken_ && static_cast<int>(workers_.size()) < processes_ && (!closed_ || !queue_.empty())) {
     try {
-      start_worker();
+      launch_workers(processes_ - static_cast<int>(workers_.size()));
     } catch (const std::exception& e) {
       // No worker can be started now (descriptors or processes exhausted): with none left, the
       // queued work fails with the reason instead of waiting for ever; a later submit tries again.

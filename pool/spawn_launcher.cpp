@@ -21,6 +21,7 @@
 #include <csignal>
 #include <cstdio>
 #include <set>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -89,6 +90,42 @@ class SpawnLauncher final : public Launcher {
   }
 
   SpawnedWorker spawn(int index, UniqueFd channel) override {
+    Starting starting = begin(index, std::move(channel));
+    finish(starting);
+    return std::move(starting.worker);
+  }
+
+  // Each worker's run up to forkpool::init() overlaps the others'.
+  void spawn_all(std::span<Launch> launches) override {
+    std::vector<std::optional<Starting>> starting(launches.size());
+    for (std::size_t i = 0; i < launches.size(); ++i) {
+      try {
+        starting[i].emplace(begin(launches[i].index, std::move(launches[i].channel)));
+      } catch (...) {
+        launches[i].error = std::current_exception();
+      }
+    }
+    for (std::size_t i = 0; i < launches.size(); ++i) {
+      if (!starting[i]) continue;
+      try {
+        finish(*starting[i]);
+        launches[i].process = std::move(starting[i]->worker);
+      } catch (...) {
+        launches[i].error = std::current_exception();
+      }
+    }
+  }
+
+ private:
+  // A worker on its way to forkpool::init(): its process and its end of the bootstrap socket.
+  struct Starting {
+    int index;
+    SpawnedWorker worker;
+    Channel bootstrap;
+  };
+
+  // Runs the program again and sends the worker its bootstrap. Throws std::system_error.
+  Starting begin(int index, UniqueFd channel) {
     serve_if_spawned_worker();  // a spawned worker making a pool before init() serves instead
     auto [ours, theirs] = Channel::make_pair();
     std::vector<LoadedObject> objects = loaded_objects();
@@ -102,7 +139,6 @@ class SpawnLauncher final : public Launcher {
     pid_t pid = spawn_self(bootstrap_fd, environment_for_child({spawn_marker(bootstrap_fd)}));
     theirs.release();  // the child has it now
     SpawnedWorker worker{pid, watch_child(pid), std::move(bases)};
-    bool reaped = false;  // wait_until_ready() reaps a worker that exited before it was ready
     try {
       auto initializer = reinterpret_cast<std::uintptr_t>(spec_.initializer.plain());
       std::vector<int> fds{channel.get()};
@@ -111,19 +147,29 @@ class SpawnLauncher final : public Launcher {
                 encode(Bootstrap(index, getpid(), spec_.maxtasksperchild, initializer, spec_.process_name, std::move(records)))
                     .bytes(),
                 fds);
-      wait_until_ready(ours, worker, index, reaped);
+    } catch (...) {
+      send_signal(worker.pidfd.get(), SIGKILL);
+      detail::reap(worker.pidfd.get());
+      throw;
+    }
+    return Starting{index, std::move(worker), std::move(ours)};
+  }
+
+  // Returns once the worker read its bootstrap; throws Error when it exits (or closes the
+  // socket, or stalls) first, having reaped it.
+  void finish(Starting& starting) {
+    bool reaped = false;  // wait_until_ready() reaps a worker that exited before it was ready
+    try {
+      wait_until_ready(starting.bootstrap, starting.worker, starting.index, reaped);
     } catch (...) {
       if (!reaped) {
-        send_signal(worker.pidfd.get(), SIGKILL);
-        detail::reap(worker.pidfd.get());
+        send_signal(starting.worker.pidfd.get(), SIGKILL);
+        detail::reap(starting.worker.pidfd.get());
       }
       throw;
     }
-    return worker;
   }
 
-
- private:
   // Returns once the worker read its bootstrap; throws Error when it exits (or closes the
   // socket, or stalls) first, having reaped it (`reaped`) if it exited.
   static void wait_until_ready(Channel& bootstrap, const SpawnedWorker& worker, int index, bool& reaped) {

@@ -235,6 +235,21 @@ TEST(SpawnTest, AMainThatExitsBeforeInitIsAnErrorNamingTheCauseWithinTwoSeconds)
   EXPECT_TRUE(test_support::eventually([] { return test_support::children_named("forkpool-worker-0").empty(); }));
 }
 
+TEST(SpawnTest, SpawnedWorkersStartAtTheSameTime) {
+  test_support::shared_across_forks<test_support::SpawnMeeting>().arrived.store(0);
+  setenv("FORKPOOL_TEST_MEET_BEFORE_INIT", "3", 1);  // each waits in main for the other two
+  int sum = 0;
+  try {
+    Pool pool({.processes = 3, .start_method = StartMethod::spawn});
+    unsetenv("FORKPOOL_TEST_MEET_BEFORE_INIT");
+    for (int x : run(pool.map(square, std::vector<int>{1, 2, 3}))) sum += x;
+  } catch (const Error& e) {
+    ADD_FAILURE() << e.what();
+  }
+  unsetenv("FORKPOOL_TEST_MEET_BEFORE_INIT");
+  EXPECT_EQ(sum, 14);
+}
+
 TEST(SpawnTest, AnInitializerHoldingStateIsRejectedAtConstruction) {
   int state = 1;
   try {

@@ -128,6 +128,12 @@ void mark_test_run() {
   if (!std::getenv(kTestRunVariable)) setenv(kTestRunVariable, std::to_string(getpid()).c_str(), 1);
 }
 
+bool meet_before_init(int parties) {
+  std::atomic<int>& arrived = shared_across_forks<SpawnMeeting>().arrived;
+  arrived.fetch_add(1);
+  return eventually([&] { return arrived.load() >= parties; }, std::chrono::seconds(5));
+}
+
 void* shared_file(const char* name, std::size_t size) {
   const char* run = std::getenv(kTestRunVariable);
   std::string path = std::string("/tmp/forkpool-test-") + (run ? run : std::to_string(getpid())) + "-" +

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <new>
@@ -75,6 +76,13 @@ T& shared_across_forks() {
   static T* value = static_cast<T*>(shared_file(typeid(T).name(), sizeof(T)));
   return *value;
 }
+
+// Counts this process among those meeting (in a shared_across_forks counter) and waits up to 5 s
+// for `parties` of them: false when they did not all come.
+struct SpawnMeeting {
+  std::atomic<int> arrived;
+};
+bool meet_before_init(int parties);
 
 // Names this run of the suite (in the environment, which spawned workers inherit), unless it is
 // one of those workers. The suite's main calls it first.

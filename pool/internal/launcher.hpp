@@ -5,8 +5,10 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <set>
+#include <span>
 
 #include <forkpool/ipc/internal/channel.hpp>
 #include <forkpool/runtime/internal/process.hpp>
@@ -28,6 +30,25 @@ class Launcher {
   virtual ~Launcher() = default;
   // Starts worker `index` serving `channel` (the worker's end). Throws std::system_error.
   virtual SpawnedWorker spawn(int index, UniqueFd channel) = 0;
+
+  // One worker to start: filled in with its process, or with why it could not be started.
+  struct Launch {
+    int index = 0;
+    UniqueFd channel;  // the worker's end
+    SpawnedWorker process;
+    std::exception_ptr error;
+  };
+  // Starts every one of `launches`. Here one after another; a launcher whose start-up waits
+  // (spawn's) overrides it so that the waits overlap.
+  virtual void spawn_all(std::span<Launch> launches) {
+    for (Launch& launch : launches) {
+      try {
+        launch.process = spawn(launch.index, std::move(launch.channel));
+      } catch (...) {
+        launch.error = std::current_exception();
+      }
+    }
+  }
   // Collects the exit status of a worker whose pidfd turned readable: through the pidfd, for a
   // worker that is our own child; a fork server launcher asks the server that forked it.
   virtual ExitStatus reap(const SpawnedWorker& worker) { return detail::reap(worker.pidfd.get()); }
