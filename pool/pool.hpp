@@ -26,6 +26,9 @@
 #include <forkpool/runtime/task.hpp>
 
 namespace forkpool {
+template <class Dataset, class Batch>
+class DataLoader;
+
 namespace detail {
 
 // Encodes up to `limit` elements from [it, end) as one job for `sink`'s chunk `index`.
@@ -122,8 +125,10 @@ void connect_cancel(ResultState<R>& state, const std::shared_ptr<PoolCore>& core
 template <class F, class Element, bool Spread, class View>
 class RangeStream final : public StreamState<NonVoid<CallResult<F, Element, Spread>>> {
  public:
-  RangeStream(std::shared_ptr<PoolCore> core, F f, View view, std::size_t chunksize, bool ordered)
-      : StreamState<NonVoid<CallResult<F, Element, Spread>>>(ordered, 2 * static_cast<std::size_t>(core->processes())),
+  // window 0: two chunks per worker.
+  RangeStream(std::shared_ptr<PoolCore> core, F f, View view, std::size_t chunksize, bool ordered, std::size_t window)
+      : StreamState<NonVoid<CallResult<F, Element, Spread>>>(
+            ordered, window > 0 ? window : 2 * static_cast<std::size_t>(core->processes())),
         core_(std::move(core)), f_(f), view_(std::move(view)), it_(std::ranges::begin(view_)),
         chunksize_(std::max<std::size_t>(chunksize, 1)) {
     if constexpr (std::ranges::sized_range<View>) this->set_known_total(std::ranges::size(view_));
@@ -312,7 +317,7 @@ class Pool {
   }
 
   template <class F, class Range>
-  auto make_stream(F f, Range&& inputs, std::size_t chunksize, bool ordered) {
+  auto make_stream(F f, Range&& inputs, std::size_t chunksize, bool ordered, std::size_t window = 0) {
     detail::check_sendable<F>();
     core_->check_owner("Pool::imap");
     using Owned = decltype(detail::owned_input(std::forward<Range>(inputs)));
@@ -320,12 +325,14 @@ class Pool {
     using Element = std::ranges::range_value_t<View>;
     using W = detail::NonVoid<detail::CallResult<F, Element, false>>;
     auto state = std::make_shared<detail::RangeStream<F, Element, false, View>>(
-        core_, f, std::views::all(detail::owned_input(std::forward<Range>(inputs))), chunksize, ordered);
+        core_, f, std::views::all(detail::owned_input(std::forward<Range>(inputs))), chunksize, ordered, window);
     state->start();  // work starts at the call, as Python's imap
     return Stream<W>(std::move(state));
   }
 
   friend struct detail::PoolInternals;
+  template <class Dataset, class Batch>
+  friend class DataLoader;  // its epochs are streams with a window of its own
   std::shared_ptr<detail::PoolCore> core_;
 };
 

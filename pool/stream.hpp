@@ -3,9 +3,12 @@
 // the next result, or an empty optional at the end. The input is read lazily, with a bounded
 // number of chunks in flight, so an endless input works and memory stays flat.
 //
-// A Stream is used on the thread of the pool that made it; next()'s awaiter resumes inside the
+// Plain code iterates it with range-for (begin()/end() below). A Stream is used on the thread of
+// the pool that made it; next()'s awaiter resumes inside the
 // loop's turn that received the result it returns.
 
+#include <cstddef>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <string>
@@ -30,6 +33,33 @@ class Stream {
   Progress progress() const { return state_->progress(); }
   // Every result has been handed out by next().
   bool finished() const { return state_->finished(); }
+
+  // Blocking range-for, for plain code (not inside a coroutine on this loop: run() refuses):
+  //   for (Tensor& batch : pool.imap(make_batch, indices)) train(batch);
+  // Each step runs the loop until the next result; a task that threw rethrows at its place.
+  class iterator {
+   public:
+    using iterator_category = std::input_iterator_tag;
+    using value_type = R;
+    using difference_type = std::ptrdiff_t;
+    iterator() = default;
+    explicit iterator(Stream* stream) : stream_(stream) { ++*this; }
+    R& operator*() const { return *current_; }
+    R* operator->() const { return &*current_; }
+    iterator& operator++() {
+      current_.reset();
+      current_ = run(stream_->next());
+      return *this;
+    }
+    void operator++(int) { ++*this; }
+    bool operator==(std::default_sentinel_t) const noexcept { return !current_; }
+
+   private:
+    Stream* stream_ = nullptr;
+    mutable std::optional<R> current_;
+  };
+  iterator begin() { return iterator(this); }
+  std::default_sentinel_t end() const noexcept { return {}; }
 
  private:
   std::shared_ptr<detail::StreamState<R>> state_;

@@ -21,6 +21,8 @@ std::pair<std::string, std::string> describe_current_exception() {
   std::string name = type ? demangle(type->name()) : "unknown";
   try {
     throw;
+  } catch (const DescribedException& e) {
+    return {e.type_name(), e.what()};
   } catch (const std::exception& e) {
     return {name, e.what()};
   } catch (...) {

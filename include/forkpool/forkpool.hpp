@@ -7,6 +7,7 @@
 
 #include <forkpool/ipc/codec.hpp>
 #include <forkpool/pool/as_completed.hpp>
+#include <forkpool/pool/dataloader.hpp>
 #include <forkpool/pool/init.hpp>
 #include <forkpool/pool/pool.hpp>
 #include <forkpool/pool/process.hpp>

@@ -1,0 +1,138 @@
+#include <forkpool/pool/dataloader.hpp>
+
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+
+#include <forkpool/runtime/internal/describe_exception.hpp>
+
+namespace forkpool::detail {
+namespace {
+
+std::uint64_t mix(std::uint64_t x) {  // splitmix64's finalizer
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// This rank's count of samples per epoch: the padded total's share.
+std::size_t rank_samples(std::size_t dataset_size, const DataLoaderOptions& options) {
+  auto world = static_cast<std::size_t>(options.world_size);
+  return (dataset_size + world - 1) / world;
+}
+
+// Copies `t`'s elements, in row-major order, to `out`: a strided walk when it is not contiguous.
+void copy_elements(const Tensor& t, std::byte* out) {
+  if (t.is_contiguous()) {
+    std::memcpy(out, t.raw_data(), t.nbytes());
+    return;
+  }
+  std::size_t element = element_size(t.dtype());
+  auto shape = t.shape();
+  auto strides = t.strides();
+  std::vector<std::int64_t> at(shape.size(), 0);
+  const auto* base = static_cast<const std::byte*>(t.raw_data());
+  for (std::int64_t n = 0; n < t.numel(); ++n) {
+    std::int64_t offset = 0;
+    for (std::size_t d = 0; d < shape.size(); ++d) offset += at[d] * strides[d];
+    std::memcpy(out + static_cast<std::size_t>(n) * element, base + offset * static_cast<std::int64_t>(element), element);
+    for (std::size_t d = shape.size(); d-- > 0;) {
+      if (++at[d] < shape[d]) break;
+      at[d] = 0;
+    }
+  }
+}
+
+}  // namespace
+
+void check_loader_options(const DataLoaderOptions& options) {
+  auto refuse = [](const char* what) { throw std::invalid_argument(std::string("forkpool: DataLoaderOptions::") + what); };
+  if (options.batch_size == 0) refuse("batch_size must be >= 1");
+  if (options.num_workers < 0) refuse("num_workers must be >= 0");
+  if (options.prefetch_factor < 1) refuse("prefetch_factor must be >= 1");
+  if (options.timeout < std::chrono::nanoseconds::zero()) refuse("timeout must be >= 0");
+  if (options.world_size < 1) refuse("world_size must be >= 1");
+  if (options.rank < 0 || options.rank >= options.world_size) refuse("rank must be in [0, world_size)");
+}
+
+std::uint64_t loader_seed(const DataLoaderOptions& options) {
+  if (options.seed != 0) return options.seed;
+  if (options.world_size > 1) return 0x5eed;  // every rank must draw the same permutation
+  std::uint64_t seed = 0;
+  if (getrandom(&seed, sizeof seed, 0) != static_cast<ssize_t>(sizeof seed))
+    seed = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  return seed | 1;
+}
+
+std::size_t batches_per_epoch(std::size_t dataset_size, const DataLoaderOptions& options) {
+  std::size_t samples = rank_samples(dataset_size, options);
+  return options.drop_last ? samples / options.batch_size : (samples + options.batch_size - 1) / options.batch_size;
+}
+
+std::vector<std::vector<std::uint64_t>> epoch_batches(std::size_t dataset_size, const DataLoaderOptions& options,
+                                                      std::uint64_t seed, std::uint64_t epoch) {
+  std::vector<std::uint64_t> order(dataset_size);
+  std::iota(order.begin(), order.end(), std::uint64_t{0});
+  if (options.shuffle) {
+    std::mt19937_64 random(mix(seed ^ mix(epoch)));
+    for (std::size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[random() % i]);
+  }
+  if (options.world_size > 1 && !order.empty()) {
+    auto world = static_cast<std::size_t>(options.world_size);
+    std::size_t padded = rank_samples(dataset_size, options) * world;
+    for (std::size_t i = 0; order.size() < padded; ++i) order.push_back(order[i]);
+    std::vector<std::uint64_t> share;
+    for (std::size_t i = static_cast<std::size_t>(options.rank); i < order.size(); i += world) share.push_back(order[i]);
+    order = std::move(share);
+  }
+  std::vector<std::vector<std::uint64_t>> batches;
+  for (std::size_t first = 0; first < order.size(); first += options.batch_size) {
+    std::size_t end = std::min(first + options.batch_size, order.size());
+    if (end - first < options.batch_size && options.drop_last) break;
+    batches.emplace_back(order.begin() + static_cast<std::ptrdiff_t>(first), order.begin() + static_cast<std::ptrdiff_t>(end));
+  }
+  return batches;
+}
+
+void throw_sample_error(std::uint64_t index) {
+  auto [type, message] = describe_current_exception();
+  throw DescribedException(type, "sample " + std::to_string(index) + ": " + message);
+}
+
+std::exception_ptr as_remote_error() {
+  try {
+    throw;
+  } catch (const DescribedException& e) {
+    return std::make_exception_ptr(RemoteError(e.type_name(), e.what(), getpid()));
+  } catch (...) {
+    return std::current_exception();
+  }
+}
+
+Tensor stack(const std::vector<Tensor>& samples) {
+  if (samples.empty()) throw std::invalid_argument("forkpool: DataLoader: a batch without samples");
+  const Tensor& first = samples.front();
+  for (std::size_t i = 1; i < samples.size(); ++i) {
+    const Tensor& t = samples[i];
+    if (t.dtype() != first.dtype() || !std::ranges::equal(t.shape(), first.shape()))
+      throw std::invalid_argument("forkpool: DataLoader: the default collate stacks samples of one dtype and shape; "
+                                  "sample " + std::to_string(i) + " of the batch differs from the first (give a collate)");
+  }
+  std::vector<std::int64_t> shape{static_cast<std::int64_t>(samples.size())};
+  shape.insert(shape.end(), first.shape().begin(), first.shape().end());
+  Tensor batch = Tensor::empty(std::move(shape), first.dtype());
+  auto* out = static_cast<std::byte*>(batch.raw_data());
+  for (const Tensor& t : samples) {
+    copy_elements(t, out);
+    out += t.nbytes();
+  }
+  return batch;
+}
+
+}  // namespace forkpool::detail

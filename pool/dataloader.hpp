@@ -1,0 +1,256 @@
+#pragma once
+// DataLoader: torch's DataLoader on forkpool. Worker processes each make whole batches (get()
+// for every index of the batch, then the collate), which reach the consumer as shared memory.
+//
+//   struct Images {
+//     std::size_t size() const { return 50000; }
+//     Tensor get(std::size_t index) const;          // one sample: any encodable value
+//   };
+//   DataLoader loader(Images{}, {.batch_size = 64, .shuffle = true, .num_workers = 2});
+//   for (int epoch = 0; epoch < 10; ++epoch)
+//     for (Tensor& batch : loader) train(batch);     // plain code: one epoch per loop
+//   // in a coroutine: Stream<Tensor> s = loader.epoch(); while (auto b = co_await s.next()) ...
+//
+// The dataset reaches the workers as torch's does on Linux: they are forked from the calling
+// process when an epoch starts (once, with persistent_workers), and find it there. A DataLoader
+// belongs to the thread that made it, as a Pool does, and must outlive its epochs' streams.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <forkpool/pool/internal/stream_state.hpp>
+#include <forkpool/pool/pool.hpp>
+#include <forkpool/pool/stream.hpp>
+#include <forkpool/pool/worker_info.hpp>
+#include <forkpool/runtime/error.hpp>
+#include <forkpool/runtime/internal/progress_line.hpp>
+#include <forkpool/shm/tensor.hpp>
+#include <forkpool/shm/tensor_codec.hpp>
+
+namespace forkpool {
+
+// torch's names and meanings; fields stay in this order (designated initializers).
+struct DataLoaderOptions {
+  std::size_t batch_size = 1;
+  bool shuffle = false;              // a new permutation per epoch, reproducible from seed
+  bool drop_last = false;            // drop the last batch when it is short
+  int num_workers = 2;               // 0: batches made in the calling process
+  int prefetch_factor = 2;           // batches in flight per worker
+  bool persistent_workers = false;   // the same workers for every epoch (else forked per epoch)
+  std::chrono::nanoseconds timeout = {};  // 0: none; a batch taking longer fails with TimeoutError
+  bool in_order = true;              // false: batches as they finish
+  std::uint64_t seed = 0;            // 0: random (with world_size > 1: a fixed one every rank shares)
+  int rank = 0, world_size = 1;      // the distributed sampler: this rank's share of each epoch
+  // Beyond torch's list:
+  std::function<void(int)> worker_init = {};  // in each worker before its first batch, given its id
+  std::string progress = {};         // not empty: blocking iteration draws a progress line so labelled
+};
+
+namespace detail {
+
+template <class Dataset>
+using SampleOf = std::remove_cvref_t<decltype(std::declval<Dataset&>().get(std::size_t{}))>;
+
+// Tensors stack into one batch tensor; other samples make a vector.
+template <class Sample>
+using DefaultBatch = std::conditional_t<std::is_same_v<Sample, Tensor>, Tensor, std::vector<Sample>>;
+
+// Throws std::invalid_argument naming the option that is out of range.
+void check_loader_options(const DataLoaderOptions& options);
+// The seed of a loader's permutations: options.seed, else random (a fixed one across ranks).
+std::uint64_t loader_seed(const DataLoaderOptions& options);
+// The sampler and the batching: the indices of every batch of epoch `epoch` for options.rank
+// (sequential, or a permutation drawn from `seed` and `epoch`; with world_size > 1 every rank
+// draws the same permutation, padded by repeating its start to a multiple of world_size, as
+// torch's DistributedSampler, and takes every world_size-th index from its rank on).
+std::vector<std::vector<std::uint64_t>> epoch_batches(std::size_t dataset_size, const DataLoaderOptions& options,
+                                                      std::uint64_t seed, std::uint64_t epoch);
+std::size_t batches_per_epoch(std::size_t dataset_size, const DataLoaderOptions& options);
+// One tensor with a leading batch dimension, in shared memory. Throws std::invalid_argument
+// naming the first sample whose dtype or shape differs from the first's.
+Tensor stack(const std::vector<Tensor>& samples);
+// Inside a catch block: the sample `index`'s error, as it crosses to the consumer (its type
+// name kept, "sample N: " before its message).
+[[noreturn]] void throw_sample_error(std::uint64_t index);
+// Inside a catch block, in the calling process (num_workers 0): the error a worker's would have
+// become, RemoteError, for a sample's error; the error itself otherwise.
+std::exception_ptr as_remote_error();
+
+template <class Sample>
+DefaultBatch<Sample> default_collate(std::vector<Sample> samples) {
+  if constexpr (std::is_same_v<Sample, Tensor>) {
+    return stack(samples);
+  } else {
+    return samples;
+  }
+}
+
+}  // namespace detail
+
+template <class Dataset, class Batch = detail::DefaultBatch<detail::SampleOf<Dataset>>>
+class DataLoader {
+ public:
+  using Sample = detail::SampleOf<Dataset>;
+  // A collate runs in the worker, on the samples of one batch in index order.
+  using Collate = Batch (*)(std::vector<Sample>);
+
+  // Throws std::invalid_argument for options out of range.
+  explicit DataLoader(Dataset dataset, DataLoaderOptions options = {})
+    requires std::is_same_v<Batch, detail::DefaultBatch<Sample>>
+      : DataLoader(std::move(dataset), std::move(options), &detail::default_collate<Sample>) {}
+  DataLoader(Dataset dataset, DataLoaderOptions options, Collate collate)
+      : shared_(std::make_shared<Shared>(Shared{std::move(dataset), collate, options.worker_init})),
+        options_(std::move(options)) {
+    detail::check_loader_options(options_);
+    seed_ = detail::loader_seed(options_);
+  }
+
+  // Batches per epoch (of this rank's share).
+  std::size_t size() const { return detail::batches_per_epoch(shared_->dataset.size(), options_); }
+  Dataset& dataset() noexcept { return shared_->dataset; }
+
+  // The next epoch, in coroutines: co_await next() gives batches, empty at the end. A sample
+  // whose get() threw fails its batch with RemoteError (the thrown type; "sample N: " and its
+  // message); the epoch goes on after it. Work starts at the call. Without persistent_workers,
+  // a new epoch ends the workers of the one before.
+  Stream<Batch> epoch() {
+    std::vector<std::vector<std::uint64_t>> batches =
+        detail::epoch_batches(shared_->dataset.size(), options_, seed_, epochs_++);
+    if (options_.num_workers == 0) {
+      auto state = std::make_shared<InProcessEpoch>(shared_, std::move(batches));
+      state->start();
+      return Stream<Batch>(std::move(state));
+    }
+    if (!pool_ || !options_.persistent_workers) {
+      pool_.reset();  // the last epoch's workers first
+      pool_ = std::make_unique<Pool>(pool_options());
+    }
+    auto window = static_cast<std::size_t>(options_.num_workers) * static_cast<std::size_t>(options_.prefetch_factor);
+    return pool_->make_stream(&load, std::move(batches), 1, options_.in_order, window);
+  }
+
+  // The next epoch, in plain code: for (Batch& batch : loader) ...
+  class iterator {
+   public:
+    using iterator_category = std::input_iterator_tag;
+    using value_type = Batch;
+    using difference_type = std::ptrdiff_t;
+    iterator() = default;
+    iterator(typename Stream<Batch>::iterator at, Stream<Batch>* stream, const std::string& label)
+        : at_(std::move(at)), stream_(stream) {
+      if (!label.empty()) line_ = std::make_shared<detail::ProgressLine>(label);
+      draw();
+    }
+    Batch& operator*() const { return *at_; }
+    Batch* operator->() const { return &*at_; }
+    iterator& operator++() {
+      ++at_;
+      draw();
+      return *this;
+    }
+    void operator++(int) { ++*this; }
+    bool operator==(std::default_sentinel_t end) const noexcept { return at_ == end; }
+
+   private:
+    void draw() {
+      if (!line_) return;
+      if (at_ == std::default_sentinel) return line_->finish(stream_->progress());
+      if (auto now = std::chrono::steady_clock::now(); now >= next_draw_) {
+        line_->draw(stream_->progress());
+        next_draw_ = now + line_->interval();
+      }
+    }
+    typename Stream<Batch>::iterator at_;
+    Stream<Batch>* stream_ = nullptr;
+    std::shared_ptr<detail::ProgressLine> line_;
+    std::chrono::steady_clock::time_point next_draw_{};
+  };
+  iterator begin() {
+    current_.emplace(epoch());
+    return iterator(current_->begin(), &*current_, options_.progress);
+  }
+  std::default_sentinel_t end() const noexcept { return {}; }
+
+ private:
+  struct Shared {
+    Dataset dataset;
+    Collate collate;
+    std::function<void(int)> worker_init;
+  };
+
+  // Set in each worker by the pool's initializer: the dataset it was forked with.
+  static inline Shared* in_worker = nullptr;
+
+  static Batch make_batch(Shared& shared, const std::vector<std::uint64_t>& indices) {
+    std::vector<Sample> samples;
+    samples.reserve(indices.size());
+    for (std::uint64_t index : indices) {
+      try {
+        samples.push_back(shared.dataset.get(static_cast<std::size_t>(index)));
+      } catch (...) {
+        detail::throw_sample_error(index);
+      }
+    }
+    return shared.collate(std::move(samples));
+  }
+  static Batch load(std::vector<std::uint64_t> indices) { return make_batch(*in_worker, indices); }
+
+  PoolOptions pool_options() const {
+    return {.processes = options_.num_workers,
+            .initializer = [shared = shared_] {
+              in_worker = shared.get();
+              if (shared->worker_init) shared->worker_init(worker_info()->id);
+            },
+            .start_method = StartMethod::fork,
+            .task_timeout = options_.timeout,
+            .seed = seed_};
+  }
+
+  // num_workers 0: each batch made when the consumer asks for it, errors as a worker's.
+  class InProcessEpoch final : public detail::StreamState<Batch> {
+   public:
+    InProcessEpoch(std::shared_ptr<Shared> shared, std::vector<std::vector<std::uint64_t>> batches)
+        : detail::StreamState<Batch>(/*ordered=*/true, /*window=*/1), shared_(std::move(shared)), batches_(std::move(batches)) {
+      this->set_known_total(batches_.size());
+    }
+
+   private:
+    bool submit_chunk(std::size_t index) override {
+      if (index >= batches_.size()) return false;
+      this->record_chunk_size(index, 1);
+      try {
+        this->deliver(index, make_batch(*shared_, batches_[index]));
+      } catch (...) {
+        this->chunk_failed(index, detail::as_remote_error());
+      }
+      return true;
+    }
+    std::shared_ptr<Shared> shared_;
+    std::vector<std::vector<std::uint64_t>> batches_;
+  };
+
+  std::shared_ptr<Shared> shared_;
+  DataLoaderOptions options_;
+  std::uint64_t seed_ = 0;
+  std::uint64_t epochs_ = 0;
+  std::unique_ptr<Pool> pool_;
+  std::optional<Stream<Batch>> current_;  // the epoch a blocking loop iterates
+};
+
+template <class Dataset>
+DataLoader(Dataset) -> DataLoader<Dataset>;
+template <class Dataset>
+DataLoader(Dataset, DataLoaderOptions) -> DataLoader<Dataset>;
+template <class Dataset, class Batch, class Sample>
+DataLoader(Dataset, DataLoaderOptions, Batch (*)(std::vector<Sample>)) -> DataLoader<Dataset, Batch>;
+
+}  // namespace forkpool

@@ -1,0 +1,282 @@
+// DataLoader: torch's DataLoader on real forked workers, and streams in blocking range-for.
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <forkpool/forkpool.hpp>
+
+#include "support.hpp"
+
+namespace forkpool {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Sample i is i * 10.
+struct Numbers {
+  std::size_t n;
+  std::size_t size() const { return n; }
+  int get(std::size_t index) const { return static_cast<int>(index) * 10; }
+};
+
+// Sample i is {i, i + 0.5, i + 1} as a tensor of 3 floats.
+struct Vectors {
+  std::size_t size() const { return 8; }
+  Tensor get(std::size_t index) const {
+    float base = static_cast<float>(index);
+    std::vector<float> values{base, base + 0.5f, base + 1};
+    return Tensor::from<float>(values, {3});
+  }
+};
+
+// Which process made each sample.
+struct Pids {
+  std::size_t size() const { return 16; }
+  int get(std::size_t) const { return static_cast<int>(getpid()); }
+};
+
+// Sample 5 is corrupt.
+struct OneBadSample {
+  std::size_t size() const { return 12; }
+  int get(std::size_t index) const {
+    if (index == 5) throw std::out_of_range("corrupt record");
+    return static_cast<int>(index);
+  }
+};
+
+// State built at run time, found by the workers.
+struct Words {
+  std::vector<std::string> words;
+  std::size_t size() const { return words.size(); }
+  std::string get(std::size_t index) const { return words[index]; }
+};
+
+std::vector<int> flatten(DataLoader<Numbers>& loader) {
+  std::vector<int> all;
+  for (std::vector<int>& batch : loader) all.insert(all.end(), batch.begin(), batch.end());
+  return all;
+}
+
+TEST(DataLoaderTest, BatchesHoldConsecutiveSamplesAndTheLastOneIsShort) {
+  DataLoader loader(Numbers{10}, {.batch_size = 4});
+  EXPECT_EQ(loader.size(), 3u);
+  std::vector<std::vector<int>> batches;
+  for (std::vector<int>& batch : loader) batches.push_back(batch);
+  EXPECT_EQ(batches, (std::vector<std::vector<int>>{{0, 10, 20, 30}, {40, 50, 60, 70}, {80, 90}}));
+}
+
+TEST(DataLoaderTest, DropLastDropsTheShortBatch) {
+  DataLoader loader(Numbers{10}, {.batch_size = 4, .drop_last = true});
+  EXPECT_EQ(loader.size(), 2u);
+  EXPECT_EQ(flatten(loader), (std::vector<int>{0, 10, 20, 30, 40, 50, 60, 70}));
+}
+
+TEST(DataLoaderTest, ShuffleDrawsANewOrderEachEpochThatTheSeedReproduces) {
+  DataLoader first(Numbers{40}, {.batch_size = 8, .shuffle = true, .seed = 7});
+  DataLoader second(Numbers{40}, {.batch_size = 8, .shuffle = true, .seed = 7});
+  std::vector<int> epoch1 = flatten(first), epoch2 = flatten(first);
+  EXPECT_EQ(flatten(second), epoch1);
+  EXPECT_NE(epoch1, epoch2);
+  std::vector<int> sorted = epoch1;
+  std::sort(sorted.begin(), sorted.end());
+  std::vector<int> expected(40);
+  for (int i = 0; i < 40; ++i) expected[i] = i * 10;
+  EXPECT_EQ(sorted, expected);
+  EXPECT_NE(epoch1, expected);
+}
+
+TEST(DataLoaderTest, TensorSamplesStackIntoOneSharedBatchTensor) {
+  DataLoader loader(Vectors{}, {.batch_size = 4});
+  int seen = 0;
+  for (Tensor& batch : loader) {
+    ASSERT_EQ(std::vector<std::int64_t>(batch.shape().begin(), batch.shape().end()), (std::vector<std::int64_t>{4, 3}));
+    EXPECT_TRUE(batch.is_shared());
+    for (int row = 0; row < 4; ++row) {
+      float base = static_cast<float>(seen * 4 + row);
+      EXPECT_EQ(batch.data<float>()[row * 3 + 1], base + 0.5f);
+    }
+    ++seen;
+  }
+  EXPECT_EQ(seen, 2);
+}
+
+TEST(DataLoaderTest, ASampleThatThrowsFailsItsBatchNamingItAndTheEpochGoesOn) {
+  for (int workers : {0, 2}) {
+    DataLoader loader(OneBadSample{}, {.batch_size = 4, .num_workers = workers});
+    Stream<std::vector<int>> epoch = loader.epoch();
+    auto batch = run(epoch.next());
+    ASSERT_TRUE(batch);
+    try {
+      run(epoch.next());
+      ADD_FAILURE() << "the batch with sample 5 arrived";
+    } catch (const RemoteError& e) {
+      EXPECT_EQ(e.type_name(), "std::out_of_range") << workers;
+      EXPECT_EQ(e.message(), "sample 5: corrupt record") << workers;
+    }
+    auto last = run(epoch.next());
+    ASSERT_TRUE(last);
+    EXPECT_EQ(*last, (std::vector<int>{8, 9, 10, 11}));
+    EXPECT_FALSE(run(epoch.next()));
+  }
+}
+
+TEST(DataLoaderTest, NumWorkersZeroMakesBatchesHereAndWorkersElsewhere) {
+  DataLoader here(Pids{}, {.batch_size = 4, .num_workers = 0});
+  for (std::vector<int>& batch : here)
+    for (int pid : batch) EXPECT_EQ(pid, getpid());
+  DataLoader there(Pids{}, {.batch_size = 4, .num_workers = 2});
+  std::set<int> pids;
+  for (std::vector<int>& batch : there) pids.insert(batch.begin(), batch.end());
+  EXPECT_FALSE(pids.contains(getpid()));
+  EXPECT_GE(pids.size(), 1u);
+}
+
+std::set<int> pids_of_an_epoch(DataLoader<Pids>& loader) {
+  std::set<int> pids;
+  for (std::vector<int>& batch : loader) pids.insert(batch.begin(), batch.end());
+  return pids;
+}
+
+TEST(DataLoaderTest, PersistentWorkersServeEveryEpochAndOthersAreNewEachEpoch) {
+  DataLoader persistent(Pids{}, {.batch_size = 2, .num_workers = 2, .persistent_workers = true});
+  std::set<int> first = pids_of_an_epoch(persistent);
+  std::set<int> second = pids_of_an_epoch(persistent);
+  EXPECT_TRUE(std::includes(first.begin(), first.end(), second.begin(), second.end()) ||
+              std::includes(second.begin(), second.end(), first.begin(), first.end()));
+  DataLoader fresh(Pids{}, {.batch_size = 2, .num_workers = 2});
+  std::set<int> before = pids_of_an_epoch(fresh);
+  std::set<int> after = pids_of_an_epoch(fresh);
+  for (int pid : after) EXPECT_FALSE(before.contains(pid));
+}
+
+TEST(DataLoaderTest, TheDistributedSamplerGivesEachRankItsShareOfOnePermutation) {
+  std::multiset<int> all;
+  for (int rank = 0; rank < 3; ++rank) {
+    DataLoader loader(Numbers{10}, {.batch_size = 2, .shuffle = true, .rank = rank, .world_size = 3});
+    EXPECT_EQ(loader.size(), 2u);  // 4 samples each: 10 padded to 12
+    for (int x : flatten(loader)) all.insert(x);
+  }
+  EXPECT_EQ(all.size(), 12u);
+  for (int i = 0; i < 10; ++i) EXPECT_GE(all.count(i * 10), 1u) << i;  // every sample, two repeated
+}
+
+int worker_init_mark = -1;
+struct InitMarks {
+  std::size_t size() const { return 8; }
+  int get(std::size_t) const { return worker_init_mark; }
+};
+
+TEST(DataLoaderTest, WorkerInitRunsInEachWorkerWithItsIdBeforeItsFirstBatch) {
+  DataLoader loader(InitMarks{}, {.batch_size = 1, .num_workers = 2, .worker_init = [](int id) { worker_init_mark = 100 + id; }});
+  std::set<int> marks;
+  for (std::vector<int>& batch : loader) marks.insert(batch[0]);
+  EXPECT_TRUE(std::includes(std::set<int>{100, 101}.begin(), std::set<int>{100, 101}.end(), marks.begin(), marks.end()));
+  EXPECT_EQ(worker_init_mark, -1);  // not in this process
+}
+
+TEST(DataLoaderTest, WorkersFindADatasetBuiltAtRunTime) {
+  Words words;
+  for (int i = 0; i < 5; ++i) words.words.push_back("w" + std::to_string(i));
+  DataLoader loader(words, {.batch_size = 5});
+  for (std::vector<std::string>& batch : loader) EXPECT_EQ(batch, words.words);
+}
+
+std::string joined(std::vector<std::string> samples) {
+  std::string all;
+  for (auto& s : samples) all += s;
+  return all;
+}
+
+TEST(DataLoaderTest, ACollateRunsInTheWorkerOnEachBatch) {
+  DataLoader loader(Words{{"a", "b", "c", "d", "e"}}, {.batch_size = 2}, &joined);
+  std::vector<std::string> batches;
+  for (std::string& batch : loader) batches.push_back(batch);
+  EXPECT_EQ(batches, (std::vector<std::string>{"ab", "cd", "e"}));
+}
+
+TEST(DataLoaderTest, AnEpochInACoroutineAndOutOfOrderBatchesAllArrive) {
+  DataLoader loader(Numbers{30}, {.batch_size = 3, .num_workers = 2, .in_order = false});
+  auto body = [&]() -> Task<std::vector<int>> {
+    Stream<std::vector<int>> epoch = loader.epoch();
+    std::vector<int> all;
+    while (auto batch = co_await epoch.next()) all.insert(all.end(), batch->begin(), batch->end());
+    co_return all;
+  };
+  std::vector<int> all = run(body());
+  std::sort(all.begin(), all.end());
+  ASSERT_EQ(all.size(), 30u);
+  for (int i = 0; i < 30; ++i) EXPECT_EQ(all[i], i * 10);
+}
+
+struct Slow {
+  std::size_t size() const { return 4; }
+  int get(std::size_t index) const {
+    if (index == 2) std::this_thread::sleep_for(20s);
+    return static_cast<int>(index);
+  }
+};
+
+TEST(DataLoaderTest, ABatchPastTheTimeoutFailsWithTimeoutError) {
+  DataLoader loader(Slow{}, {.batch_size = 1, .num_workers = 2, .timeout = 300ms});
+  Stream<std::vector<int>> epoch = loader.epoch();
+  EXPECT_EQ(*run(epoch.next()), std::vector<int>{0});
+  EXPECT_EQ(*run(epoch.next()), std::vector<int>{1});
+  auto started = std::chrono::steady_clock::now();
+  EXPECT_THROW(run(epoch.next()), TimeoutError);
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 10s);
+  EXPECT_EQ(*run(epoch.next()), std::vector<int>{3});
+}
+
+TEST(DataLoaderTest, TheProgressOptionDrawsALineWithTheLabel) {
+  DataLoader loader(Numbers{8}, {.batch_size = 2, .progress = "loading"});
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(flatten(loader).size(), 8u);
+  std::string drawn = testing::internal::GetCapturedStderr();
+  EXPECT_NE(drawn.find("loading"), std::string::npos) << drawn;
+  EXPECT_NE(drawn.find("4/4"), std::string::npos) << drawn;
+}
+
+TEST(DataLoaderTest, OptionsOutOfRangeAreRefusedNamingTheField) {
+  auto refused = [](DataLoaderOptions options) -> std::string {
+    try {
+      DataLoader loader(Numbers{4}, std::move(options));
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "accepted";
+  };
+  EXPECT_NE(refused({.batch_size = 0}).find("batch_size"), std::string::npos);
+  EXPECT_NE(refused({.num_workers = -1}).find("num_workers"), std::string::npos);
+  EXPECT_NE(refused({.prefetch_factor = 0}).find("prefetch_factor"), std::string::npos);
+  EXPECT_NE(refused({.rank = 2, .world_size = 2}).find("rank"), std::string::npos);
+}
+
+int square(int x) { return x * x; }
+
+TEST(StreamTest, PlainCodeIteratesAStreamWithRangeFor) {
+  Pool pool({.processes = 2});
+  std::vector<int> got;
+  for (int x : pool.imap(square, std::vector<int>{1, 2, 3, 4})) got.push_back(x);
+  EXPECT_EQ(got, (std::vector<int>{1, 4, 9, 16}));
+}
+
+TEST(StreamTest, RangeForInsideACoroutineOnTheSameLoopIsRefused) {
+  Pool pool({.processes = 1});
+  auto body = [&]() -> Task<void> {
+    for (int x : pool.imap(square, std::vector<int>{1})) (void)x;
+    co_return;
+  };
+  EXPECT_THROW(run(body()), std::logic_error);
+}
+
+}  // namespace
+}  // namespace forkpool
