@@ -30,11 +30,20 @@ void futex_wait(const void* word, std::uint32_t expected, const timespec* timeou
   syscall(SYS_futex, word, FUTEX_WAIT, expected, timeout, nullptr, 0);
 }
 
-void futex_wake_all(const void* word) noexcept { syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0); }
+void futex_wake_all(const void* word) noexcept { futex_wake(word, INT_MAX); }
 
-void init_robust_mutex(pthread_mutex_t& mutex, const char* who) {
+void futex_wake(const void* word, int count) noexcept { syscall(SYS_futex, word, FUTEX_WAKE, count, nullptr, nullptr, 0); }
+
+void futex_wait_for(const void* word, std::uint32_t expected, std::chrono::nanoseconds timeout) noexcept {
+  auto seconds = std::chrono::duration_cast<std::chrono::seconds>(timeout);
+  timespec relative{static_cast<time_t>(seconds.count()), static_cast<long>((timeout - seconds).count())};
+  futex_wait(word, expected, &relative);
+}
+
+void init_robust_mutex(pthread_mutex_t& mutex, const char* who, bool recursive) {
   pthread_mutexattr_t attributes;
   pthread_mutexattr_init(&attributes);
+  if (recursive) pthread_mutexattr_settype(&attributes, PTHREAD_MUTEX_RECURSIVE);
   pthread_mutexattr_setpshared(&attributes, PTHREAD_PROCESS_SHARED);
   pthread_mutexattr_setrobust(&attributes, PTHREAD_MUTEX_ROBUST);
   int rc = pthread_mutex_init(&mutex, &attributes);

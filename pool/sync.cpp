@@ -5,13 +5,16 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <climits>
 #include <stdexcept>
+#include <string>
 #include <system_error>
 
 #include <forkpool/pool/internal/fd_wait.hpp>
+#include <forkpool/pool/internal/holders.hpp>
 #include <forkpool/pool/internal/shared_page.hpp>
 #include <forkpool/runtime/internal/errno.hpp>
 #include <forkpool/runtime/internal/io.hpp>
@@ -81,8 +84,14 @@ Lock::Lock() : page_(detail::SharedPage::create("forkpool-lock")) {
   detail::init_robust_mutex(page_->as<LockState>()->mutex, "forkpool: Lock");
 }
 
+Lock::Lock(Recursive) : page_(detail::SharedPage::create("forkpool-rlock")) {
+  detail::init_robust_mutex(page_->as<LockState>()->mutex, "forkpool: RLock", /*recursive=*/true);
+}
+
 bool Lock::took(int result) {
-  return detail::robust_lock_taken(page_->as<LockState>()->mutex, result, previous_owner_died_, "forkpool: Lock::lock");
+  bool taken = detail::robust_lock_taken(page_->as<LockState>()->mutex, result, previous_owner_died_, "forkpool: Lock::lock");
+  if (taken) page_->mutex_taken();
+  return taken;
 }
 
 void Lock::lock() { took(pthread_mutex_lock(&page_->as<LockState>()->mutex)); }
@@ -99,40 +108,188 @@ bool Lock::try_lock_for(std::chrono::nanoseconds timeout) {
 void Lock::unlock() {
   if (int rc = pthread_mutex_unlock(&page_->as<LockState>()->mutex); rc != 0)
     throw std::system_error(rc, std::generic_category(), "forkpool: Lock::unlock (not held by this thread)");
+  page_->mutex_released();
 }
 
 void codec<Lock>::encode(Writer& w, const Lock& lock) { w.write(w.attach_fd(lock.page_->fd(), lock.page_)); }
 Lock codec<Lock>::decode(Reader& r) { return Lock(detail::SharedPage::adopt(r.take_fd(r.read<std::uint32_t>()))); }
 
-// Barrier: arrivals counted in a shared page; the last one of a round starts the next
-// generation, which the others wait for on a futex.
+namespace detail {
+std::chrono::steady_clock::time_point deadline_from_now(std::chrono::nanoseconds timeout) {
+  return forkpool::deadline_after(timeout);  // saturates
+}
+}  // namespace detail
+
+namespace {
+using namespace std::chrono_literals;
+constexpr auto kEndedCheck = 100ms;  // how often a waiter looks for parties that ended
+
+// Holds a primitive's own robust mutex for a scope (its holder dying mid-update is survivable:
+// each primitive says how).
+class PageGuard {
+ public:
+  PageGuard(pthread_mutex_t& mutex, const char* who) : mutex_(mutex) {
+    bool holder_died = false;
+    detail::robust_lock_taken(mutex_, pthread_mutex_lock(&mutex_), holder_died, who);
+  }
+  ~PageGuard() { pthread_mutex_unlock(&mutex_); }
+  PageGuard(const PageGuard&) = delete;
+  PageGuard& operator=(const PageGuard&) = delete;
+
+ private:
+  pthread_mutex_t& mutex_;
+};
+}  // namespace
+
+// Condition: a sequence number in a shared page, bumped by every notify; a waiter sleeps on it
+// (futex) from the number it saw while it held the lock, so no notify is missed.
+namespace {
+struct ConditionState {
+  std::atomic<std::uint32_t> sequence;
+};
+}  // namespace
+
+Condition::Condition(Lock lock) : lock_(std::move(lock)), page_(detail::SharedPage::create("forkpool-condition")) {}
+
+void Condition::wait(std::unique_lock<Lock>& held) { wait_for(held, detail::kForever); }
+
+bool Condition::wait_for(std::unique_lock<Lock>& held, std::chrono::nanoseconds timeout) {
+  if (!held.owns_lock()) throw std::logic_error("forkpool: Condition::wait without its lock held");
+  auto& sequence = page_->as<ConditionState>()->sequence;
+  std::uint32_t seen = sequence.load();
+  auto deadline = detail::deadline_from_now(timeout);
+  held.unlock();
+  // Slices: a timeout of "for ever" would overflow a timespec.
+  while (sequence.load() == seen) {
+    auto left = deadline - std::chrono::steady_clock::now();
+    if (left <= 0ns) break;
+    detail::futex_wait_for(&sequence, seen, std::min<std::chrono::nanoseconds>(left, 1h));
+  }
+  held.lock();
+  return sequence.load() != seen;
+}
+
+void Condition::notify(int n) {
+  auto& sequence = page_->as<ConditionState>()->sequence;
+  sequence.fetch_add(1);
+  detail::futex_wake(&sequence, n);
+}
+
+void Condition::notify_all() { notify(INT_MAX); }
+
+void codec<Condition>::encode(Writer& w, const Condition& condition) {
+  codec<Lock>::encode(w, condition.lock_);
+  w.write(w.attach_fd(condition.page_->fd(), condition.page_));
+}
+Condition codec<Condition>::decode(Reader& r) {
+  Lock lock = codec<Lock>::decode(r);
+  return Condition(std::move(lock), detail::SharedPage::adopt(r.take_fd(r.read<std::uint32_t>())));
+}
+
+// Barrier: arrivals of the current round counted in a shared page under a robust mutex, with
+// the arrived parties' pids; the last arrival starts the next generation, which the others wait
+// for on a futex. Breaking also starts one, with `broken_round` saying which round broke.
 namespace {
 struct BarrierState {
-  std::atomic<std::uint32_t> arrived;
-  std::atomic<std::uint32_t> generation;
+  pthread_mutex_t mutex;
+  std::atomic<std::uint32_t> generation;  // the futex word
   std::int32_t parties;
+  std::int32_t arrived;
+  std::int32_t broken;               // until reset()
+  std::uint32_t broken_round;        // the generation that broke, plus one (0: none yet)
+  detail::HolderTable waiting;       // who arrived this round
 };
+static_assert(sizeof(BarrierState) <= detail::SharedPage::kSize);
 static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
+
+// Under the mutex: the current round fails; its waiters wake and throw.
+void break_round(BarrierState& state) {
+  state.broken = 1;
+  state.broken_round = state.generation.load() + 1;
+  state.arrived = 0;
+  state.waiting.clear();
+  state.generation.fetch_add(1);
+  detail::futex_wake_all(&state.generation);
+}
+
+[[noreturn]] void throw_broken(const char* why) { throw BrokenBarrierError(std::string("forkpool: Barrier broken: ") + why); }
 }  // namespace
 
 Barrier::Barrier(int parties) {
   if (parties < 1) throw std::invalid_argument("forkpool: Barrier needs parties >= 1");
   page_ = detail::SharedPage::create("forkpool-barrier");
-  page_->as<BarrierState>()->parties = parties;
+  BarrierState& state = *page_->as<BarrierState>();
+  detail::init_robust_mutex(state.mutex, "forkpool: Barrier");
+  state.parties = parties;
 }
 
 int Barrier::parties() const noexcept { return page_->as<BarrierState>()->parties; }
 
-void Barrier::wait() {
-  auto* state = page_->as<BarrierState>();
-  std::uint32_t generation = state->generation.load();
-  if (state->arrived.fetch_add(1) + 1 == static_cast<std::uint32_t>(state->parties)) {
-    state->arrived.store(0);
-    state->generation.fetch_add(1);
-    detail::futex_wake_all(&state->generation);
-    return;
+int Barrier::wait(std::chrono::nanoseconds timeout) {
+  BarrierState& state = *page_->as<BarrierState>();
+  auto deadline = detail::deadline_from_now(timeout);
+  std::uint32_t generation;
+  int index;
+  {
+    PageGuard guard(state.mutex, "forkpool: Barrier::wait");
+    if (state.broken) throw_broken("aborted, or a round before failed (reset() it)");
+    generation = state.generation.load();
+    index = state.arrived++;
+    if (state.arrived == state.parties) {
+      state.arrived = 0;
+      state.waiting.clear();
+      state.generation.fetch_add(1);
+      detail::futex_wake_all(&state.generation);
+      return index;
+    }
+    state.waiting.add(getpid(), 1);
   }
-  while (state->generation.load() == generation) detail::futex_wait(&state->generation, generation, nullptr);
+  for (;;) {
+    auto left = deadline - std::chrono::steady_clock::now();
+    if (state.generation.load() == generation && left > 0ns) {
+      detail::futex_wait_for(&state.generation, generation, std::min<std::chrono::nanoseconds>(left, kEndedCheck));
+      if (state.generation.load() == generation && std::chrono::steady_clock::now() < deadline) {
+        PageGuard guard(state.mutex, "forkpool: Barrier::wait");
+        if (state.generation.load() == generation && state.waiting.any_ended()) {
+          break_round(state);
+          throw_broken("a party died while the others waited");
+        }
+      }
+      continue;
+    }
+    PageGuard guard(state.mutex, "forkpool: Barrier::wait");
+    if (state.generation.load() == generation) {  // the deadline came first
+      break_round(state);
+      throw_broken("a wait timed out");
+    }
+    if (state.broken_round == generation + 1) throw_broken("aborted, reset, or a party failed");
+    return index;
+  }
+}
+
+void Barrier::abort() {
+  BarrierState& state = *page_->as<BarrierState>();
+  PageGuard guard(state.mutex, "forkpool: Barrier::abort");
+  break_round(state);
+}
+
+void Barrier::reset() {
+  BarrierState& state = *page_->as<BarrierState>();
+  PageGuard guard(state.mutex, "forkpool: Barrier::reset");
+  if (state.arrived > 0) break_round(state);  // those waiting now fail
+  state.broken = 0;
+}
+
+bool Barrier::broken() const {
+  BarrierState& state = *page_->as<BarrierState>();
+  PageGuard guard(state.mutex, "forkpool: Barrier::broken");
+  return state.broken != 0;
+}
+
+int Barrier::n_waiting() const {
+  BarrierState& state = *page_->as<BarrierState>();
+  PageGuard guard(state.mutex, "forkpool: Barrier::n_waiting");
+  return state.arrived;
 }
 
 void codec<Barrier>::encode(Writer& w, const Barrier& barrier) {

@@ -1,5 +1,5 @@
 #pragma once
-// Event, Lock and Barrier across processes, as multiprocessing's. Each is a handle: copies, and
+// Event, Lock, RLock, Condition and Barrier across processes, as multiprocessing's. Each is a handle: copies, and
 // copies passed to other processes (as arguments of start_process, spawn and pool tasks, under
 // every start method: their descriptors travel with the message), are the same object. Waiting
 // never spins: a descriptor the kernel wakes, or a futex.
@@ -7,8 +7,10 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 
 #include <forkpool/ipc/codec.hpp>
+#include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/task.hpp>
 
 namespace forkpool {
@@ -16,6 +18,8 @@ namespace forkpool {
 namespace detail {
 class SharedPage;
 inline constexpr std::chrono::nanoseconds kForever = std::chrono::nanoseconds::max();
+// now + timeout, saturating: kForever is a deadline that never comes.
+std::chrono::steady_clock::time_point deadline_from_now(std::chrono::nanoseconds timeout);
 }  // namespace detail
 
 // A flag every process can set, clear and wait for. Any thread.
@@ -58,19 +62,97 @@ class Lock {
 
  private:
   friend struct codec<Lock>;
+  friend class RLock;
+  friend class Condition;
+  struct Recursive {};
+  explicit Lock(Recursive);
   explicit Lock(std::shared_ptr<detail::SharedPage> page) : page_(std::move(page)) {}
   bool took(int result);
   std::shared_ptr<detail::SharedPage> page_;
   bool previous_owner_died_ = false;
 };
 
+// A Lock its holder may take again (and then releases as many times), as multiprocessing's
+// RLock: robust in the same way. Any thread; unlock() from the thread that locked.
+class RLock {
+ public:
+  RLock() : lock_(Lock::Recursive{}) {}  // Throws std::system_error.
+  void lock() { lock_.lock(); }
+  bool try_lock() { return lock_.try_lock(); }
+  bool try_lock_for(std::chrono::nanoseconds timeout) { return lock_.try_lock_for(timeout); }
+  void unlock() { lock_.unlock(); }
+  bool previous_owner_died() const noexcept { return lock_.previous_owner_died(); }
+
+ private:
+  friend struct codec<RLock>;
+  explicit RLock(Lock lock) : lock_(std::move(lock)) {}
+  Lock lock_;
+};
+
+// multiprocessing's Condition over a Lock: wait() lets the lock go, sleeps until notify(), and
+// takes the lock back. notify() is called with the lock held. As std::condition_variable, a
+// wait may end without a notify (and notify(n) may wake more than n): wait in a loop on what
+// you wait for, or use the predicate forms. The Lock is robust: a holder that died releases it.
+// Any thread.
+//   Condition ready;
+//   std::unique_lock held(ready.get_lock());
+//   ready.wait(held, [&] { return queue_has_work(); });
+class Condition {
+ public:
+  explicit Condition(Lock lock = {});  // Throws std::system_error.
+  Lock& get_lock() noexcept { return lock_; }
+
+  void wait(std::unique_lock<Lock>& held);
+  // False when `timeout` passed without a notify.
+  bool wait_for(std::unique_lock<Lock>& held, std::chrono::nanoseconds timeout);
+  template <class Predicate>
+  void wait(std::unique_lock<Lock>& held, Predicate ready) {
+    while (!ready()) wait(held);
+  }
+  // ready()'s last value: false when `timeout` passed first.
+  template <class Predicate>
+  bool wait_for(std::unique_lock<Lock>& held, std::chrono::nanoseconds timeout, Predicate ready) {
+    auto deadline = detail::deadline_from_now(timeout);
+    while (!ready()) {
+      auto left = deadline - std::chrono::steady_clock::now();
+      if (left <= std::chrono::nanoseconds::zero()) return ready();
+      wait_for(held, left);
+    }
+    return true;
+  }
+  void notify(int n = 1);
+  void notify_all();
+
+ private:
+  friend struct codec<Condition>;
+  Condition(Lock lock, std::shared_ptr<detail::SharedPage> page) : lock_(std::move(lock)), page_(std::move(page)) {}
+  Lock lock_;
+  std::shared_ptr<detail::SharedPage> page_;
+};
+
+// A Barrier that can no longer be passed: abort()ed, reset() while parties waited, a wait that
+// timed out, or a party that died while the others waited.
+class BrokenBarrierError : public Error {
+ public:
+  using Error::Error;
+};
+
 // `parties` processes (or threads) wait() until all have arrived; then all go on, and the
-// barrier is ready for the next round. Any thread.
+// barrier is ready for the next round, as multiprocessing's Barrier. Any thread.
 class Barrier {
  public:
   explicit Barrier(int parties);  // Throws std::invalid_argument for parties < 1.
-  void wait();
+  // The arrival index, 0 to parties - 1 (parties - 1: the last to arrive). Throws
+  // BrokenBarrierError when the barrier is or becomes broken while waiting; a wait that times out
+  // breaks it (as Python's).
+  int wait(std::chrono::nanoseconds timeout = detail::kForever);
+  // Breaks the barrier: waiting parties and later waits throw BrokenBarrierError until reset().
+  void abort();
+  // Back to empty and not broken; parties waiting now throw BrokenBarrierError.
+  void reset();
+  bool broken() const;
   int parties() const noexcept;
+  int n_waiting() const;
 
  private:
   friend struct codec<Barrier>;
@@ -89,6 +171,18 @@ struct codec<Lock> {
   static constexpr std::size_t min_size = sizeof(std::uint32_t);
   static void encode(Writer& w, const Lock& lock);
   static Lock decode(Reader& r);
+};
+template <>
+struct codec<RLock> {
+  static constexpr std::size_t min_size = sizeof(std::uint32_t);
+  static void encode(Writer& w, const RLock& lock) { codec<Lock>::encode(w, lock.lock_); }
+  static RLock decode(Reader& r) { return RLock(codec<Lock>::decode(r)); }
+};
+template <>
+struct codec<Condition> {
+  static constexpr std::size_t min_size = 2 * sizeof(std::uint32_t);
+  static void encode(Writer& w, const Condition& condition);
+  static Condition decode(Reader& r);
 };
 template <>
 struct codec<Barrier> {

@@ -34,6 +34,11 @@ class Mapping {
   std::size_t size() const noexcept { return size_; }
   std::span<std::byte> bytes() const noexcept { return {data(), size_}; }
   void reset() noexcept;
+  // Gives the mapping up without unmapping it: it stays until the process ends.
+  void leak() noexcept {
+    address_ = nullptr;
+    size_ = 0;
+  }
 
  private:
   Mapping(void* address, std::size_t size) noexcept : address_(address), size_(size) {}

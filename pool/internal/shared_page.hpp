@@ -6,6 +6,8 @@
 #include <pthread.h>
 
 #include <cstddef>
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 
@@ -23,6 +25,15 @@ class SharedPage {
   // memfd of a page.
   static std::shared_ptr<SharedPage> adopt(UniqueFd fd);
 
+  // A page holding a robust mutex this process holds stays mapped after its last handle is
+  // gone (until the process ends): the kernel releases a dead holder's mutexes through that
+  // mapping, also when the holder simply returned without unlocking.
+  ~SharedPage() {
+    if (mutexes_held_.load() > 0) mapping_.leak();
+  }
+  void mutex_taken() noexcept { mutexes_held_.fetch_add(1); }
+  void mutex_released() noexcept { mutexes_held_.fetch_sub(1); }
+
   int fd() const noexcept { return fd_.get(); }
   template <class T>
   T* as() noexcept {
@@ -34,16 +45,21 @@ class SharedPage {
   SharedPage(UniqueFd fd, Mapping mapping) : fd_(std::move(fd)), mapping_(std::move(mapping)) {}
   UniqueFd fd_;
   Mapping mapping_;
+  std::atomic<int> mutexes_held_{0};
 };
 
 // Futex wait/wake on a word of shared memory (not FUTEX_PRIVATE: other processes map it too).
 // wait returns when woken, interrupted, when *word != expected, or after `timeout` (none: for ever).
 void futex_wait(const void* word, std::uint32_t expected, const struct timespec* timeout) noexcept;
 void futex_wake_all(const void* word) noexcept;
+void futex_wake(const void* word, int count) noexcept;
+// A wait of at most `timeout` on a futex word, for waits cut into slices.
+void futex_wait_for(const void* word, std::uint32_t expected, std::chrono::nanoseconds timeout) noexcept;
 
 // A process-shared robust mutex: when its holder dies, the kernel hands it to the next locker
-// with EOWNERDEAD. Throws std::system_error naming `who`.
-void init_robust_mutex(pthread_mutex_t& mutex, const char* who);
+// with EOWNERDEAD. Recursive: its holder may lock it again (and unlocks as often). Throws
+// std::system_error naming `who`.
+void init_robust_mutex(pthread_mutex_t& mutex, const char* who, bool recursive = false);
 // Reads the result of pthread_mutex_(try|clock)lock on such a mutex: true when taken, with
 // `holder_died` set when it was taken from a holder that died (the mutex is made usable again;
 // what it guarded may be half-updated); false when busy or timed out. Throws on anything else.

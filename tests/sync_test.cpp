@@ -1,0 +1,251 @@
+// Semaphore, BoundedSemaphore, RLock, Condition and Barrier across real processes, under every
+// start method, with the dead-process cases Python's would hang on.
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <forkpool/pool/process.hpp>
+#include <forkpool/pool/queue.hpp>
+#include <forkpool/pool/semaphore.hpp>
+#include <forkpool/pool/sync.hpp>
+#include <forkpool/runtime/loop.hpp>
+
+#include "support.hpp"
+
+namespace forkpool {
+namespace {
+
+using namespace std::chrono_literals;
+
+class SyncTest : public ::testing::TestWithParam<StartMethod> {
+ protected:
+  ProcessOptions options() { return {.start_method = GetParam()}; }
+};
+
+void enter_the_section(Semaphore slots, Queue<int> log) {
+  slots.acquire();
+  log.put(+1);
+  std::this_thread::sleep_for(60ms);
+  log.put(-1);
+  slots.release();
+}
+
+TEST_P(SyncTest, ASemaphoreLetsAtMostItsValueIntoTheSectionAtOnce) {
+  Semaphore slots(2);
+  Queue<int> log;
+  std::vector<Process> processes;
+  for (int i = 0; i < 4; ++i) processes.push_back(start_process(options(), enter_the_section, slots, log));
+  int inside = 0, most = 0;
+  for (int i = 0; i < 8; ++i) {
+    inside += log.get();
+    most = std::max(most, inside);
+  }
+  EXPECT_EQ(most, 2);
+  for (Process& p : processes) EXPECT_TRUE(p.join(10s));
+  EXPECT_EQ(slots.value(), 2);
+}
+
+TEST(SemaphoreTest, AcquireWithATimeoutGivesUpAndAnEmptySemaphoreRefusesTryAcquire) {
+  Semaphore none(0);
+  EXPECT_FALSE(none.try_acquire());
+  auto started = std::chrono::steady_clock::now();
+  EXPECT_FALSE(none.acquire(80ms));
+  EXPECT_GE(std::chrono::steady_clock::now() - started, 80ms);
+  none.release();
+  EXPECT_EQ(none.value(), 1);
+  EXPECT_TRUE(none.try_acquire());
+}
+
+void take_and_hold(Semaphore units, int count, Event took) {
+  for (int i = 0; i < count; ++i) units.acquire();
+  took.set();
+  std::this_thread::sleep_for(60s);
+}
+
+TEST_P(SyncTest, UnitsHeldByAKilledProcessComeBack) {
+  Semaphore units(2);
+  Event took;
+  Process p = start_process(options(), take_and_hold, units, 2, took);
+  ASSERT_TRUE(took.wait(10s));
+  EXPECT_FALSE(units.acquire(50ms));
+  p.kill();
+  ASSERT_TRUE(p.join(10s));
+  ASSERT_TRUE(units.acquire(5s));
+  ASSERT_TRUE(units.acquire(5s));
+  EXPECT_EQ(units.value(), 0);
+}
+
+void take_signals(Semaphore signals, int count) {
+  for (int i = 0; i < count; ++i) signals.acquire();
+}
+
+TEST_P(SyncTest, ASemaphoreUsedToSignalDoesNotGrowWhenItsAcquirerExits) {
+  Semaphore signals(0);
+  signals.release();
+  signals.release();
+  Process p = start_process(options(), take_signals, signals, 2);
+  ASSERT_TRUE(p.join(10s));
+  EXPECT_FALSE(signals.acquire(250ms));  // looks for ended holders, and gives nothing back
+  EXPECT_EQ(signals.value(), 0);
+}
+
+TEST(SemaphoreTest, ABoundedSemaphoreReleasedPastItsValueThrows) {
+  BoundedSemaphore bounded(1);
+  EXPECT_THROW(bounded.release(), std::logic_error);
+  bounded.acquire();
+  bounded.release();
+  EXPECT_EQ(bounded.value(), 1);
+  Semaphore plain(1);
+  plain.release();
+  EXPECT_EQ(plain.value(), 2);
+}
+
+void release_later(Semaphore s) {
+  std::this_thread::sleep_for(100ms);
+  s.release();
+}
+
+TEST(SemaphoreTest, AsyncAcquireWaitsOnTheLoopForAnotherProcessesRelease) {
+  Semaphore s(0);
+  Process p = start_process(release_later, s);
+  auto body = [&]() -> Task<int> {
+    co_await s.async_acquire();
+    co_return s.value();
+  };
+  EXPECT_EQ(run(body()), 0);
+  EXPECT_TRUE(p.join(10s));
+}
+
+void try_the_lock(RLock lock, Queue<int> report) { report.put(lock.try_lock() ? 1 : 0); }
+
+TEST_P(SyncTest, AnRLockIsTakenAgainByItsHolderAndHeldUntilReleasedAsOften) {
+  RLock lock;
+  lock.lock();
+  ASSERT_TRUE(lock.try_lock());  // again, from the holder
+  Queue<int> report;
+  Process first = start_process(options(), try_the_lock, lock, report);
+  EXPECT_EQ(report.get(), 0);
+  ASSERT_TRUE(first.join(10s));
+  lock.unlock();
+  Process second = start_process(options(), try_the_lock, lock, report);
+  EXPECT_EQ(report.get(), 0);  // still held once
+  ASSERT_TRUE(second.join(10s));
+  lock.unlock();
+  Process third = start_process(options(), try_the_lock, lock, report);
+  EXPECT_EQ(report.get(), 1);  // it exits holding it: the next lock sees so
+  ASSERT_TRUE(third.join(10s));
+  ASSERT_TRUE(lock.try_lock_for(5s));
+  EXPECT_TRUE(lock.previous_owner_died());
+  lock.unlock();
+}
+
+void wait_for_the_flag(Condition condition, Event flag, Queue<int> report) {
+  std::unique_lock held(condition.get_lock());
+  report.put(0);  // waiting
+  condition.wait(held, [&] { return flag.is_set(); });
+  report.put(1);
+}
+
+TEST_P(SyncTest, AConditionWakesItsWaitersOnNotifyAll) {
+  Condition condition;
+  Event flag;
+  Queue<int> report;
+  std::vector<Process> waiters;
+  for (int i = 0; i < 3; ++i) waiters.push_back(start_process(options(), wait_for_the_flag, condition, flag, report));
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(report.get(), 0);
+  EXPECT_FALSE(report.get(100ms).has_value());
+  {
+    std::unique_lock held(condition.get_lock());
+    flag.set();
+    condition.notify_all();
+  }
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(report.get(10s), std::optional<int>(1));
+  for (Process& p : waiters) EXPECT_TRUE(p.join(10s));
+}
+
+TEST(ConditionTest, WaitForWithoutANotifyTimesOutHoldingTheLock) {
+  Condition condition;
+  std::unique_lock held(condition.get_lock());
+  auto started = std::chrono::steady_clock::now();
+  EXPECT_FALSE(condition.wait_for(held, 60ms));
+  EXPECT_GE(std::chrono::steady_clock::now() - started, 60ms);
+  EXPECT_TRUE(held.owns_lock());
+  EXPECT_FALSE(condition.wait_for(held, 30ms, [] { return false; }));
+}
+
+void arrive(Barrier barrier, Queue<int> report) {
+  try {
+    report.put(barrier.wait(20s));
+  } catch (const BrokenBarrierError&) {
+    report.put(-1);
+  }
+}
+
+TEST_P(SyncTest, EachPartyOfABarrierGetsItsOwnArrivalIndex) {
+  Barrier barrier(3);
+  Queue<int> report;
+  std::vector<Process> parties;
+  for (int i = 0; i < 3; ++i) parties.push_back(start_process(options(), arrive, barrier, report));
+  std::set<int> indices;
+  for (int i = 0; i < 3; ++i) indices.insert(report.get());
+  EXPECT_EQ(indices, (std::set<int>{0, 1, 2}));
+  for (Process& p : parties) EXPECT_TRUE(p.join(10s));
+}
+
+TEST_P(SyncTest, AbortBreaksTheWaitingPartiesUntilReset) {
+  Barrier barrier(2);
+  Queue<int> report;
+  Process p = start_process(options(), arrive, barrier, report);
+  ASSERT_TRUE(test_support::eventually([&] { return barrier.n_waiting() == 1; }, 10s));
+  barrier.abort();
+  EXPECT_EQ(report.get(10s), std::optional<int>(-1));
+  EXPECT_TRUE(barrier.broken());
+  EXPECT_THROW(barrier.wait(), BrokenBarrierError);
+  barrier.reset();
+  EXPECT_FALSE(barrier.broken());
+  Process again = start_process(options(), arrive, barrier, report);
+  EXPECT_GE(barrier.wait(10s), 0);
+  EXPECT_GE(report.get(10s).value_or(-1), 0);
+  EXPECT_TRUE(p.join(10s));
+  EXPECT_TRUE(again.join(10s));
+}
+
+TEST(BarrierTest, AWaitThatTimesOutBreaksTheBarrier) {
+  Barrier barrier(2);
+  auto started = std::chrono::steady_clock::now();
+  EXPECT_THROW(barrier.wait(80ms), BrokenBarrierError);
+  EXPECT_GE(std::chrono::steady_clock::now() - started, 80ms);
+  EXPECT_TRUE(barrier.broken());
+}
+
+void arrive_and_linger(Barrier barrier, Event arrived) {
+  arrived.set();
+  barrier.wait();
+}
+
+TEST_P(SyncTest, APartyThatDiesWhileOthersWaitBreaksTheBarrier) {
+  Barrier barrier(3);
+  Event arrived;
+  Queue<int> report;
+  Process doomed = start_process(options(), arrive_and_linger, barrier, arrived);
+  ASSERT_TRUE(arrived.wait(10s));
+  ASSERT_TRUE(test_support::eventually([&] { return barrier.n_waiting() == 1; }, 10s));
+  Process survivor = start_process(options(), arrive, barrier, report);
+  ASSERT_TRUE(test_support::eventually([&] { return barrier.n_waiting() == 2; }, 10s));
+  doomed.kill();
+  ASSERT_TRUE(doomed.join(10s));
+  EXPECT_EQ(report.get(10s), std::optional<int>(-1));
+  EXPECT_TRUE(survivor.join(10s));
+}
+
+INSTANTIATE_TEST_SUITE_P(StartMethods, SyncTest, test_support::all_start_methods(), test_support::start_method_name);
+
+}  // namespace
+}  // namespace forkpool
