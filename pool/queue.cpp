@@ -7,12 +7,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <string>
 #include <system_error>
 
 #include <forkpool/pool/internal/fd_wait.hpp>
+#include <forkpool/pool/internal/holders.hpp>
 #include <forkpool/pool/internal/queue_memory.hpp>
 #include <forkpool/pool/internal/shared_page.hpp>
 #include <forkpool/runtime/error.hpp>
@@ -54,7 +56,14 @@ struct QueueState {
   pthread_mutex_t turn;
   std::atomic<std::uint32_t> stage;    // a QueueCore::Stage
   std::atomic<std::uint64_t> item_id;  // the item being taken (its frame's request id)
+  std::atomic<std::int64_t> items;     // put and not yet got: approximate (updated after the fact)
+  // JoinableQueue: items put and not yet task_done() (the futex word join() sleeps on), and
+  // which consumers got items they have not called task_done() for (under the turn).
+  std::int32_t joinable;
+  std::atomic<std::uint32_t> unfinished;
+  HolderTable unfinished_by;
 };
+static_assert(sizeof(QueueState) <= SharedPage::kSize);
 QueueState& state_of(SharedPage& page) { return *page.as<QueueState>(); }
 }  // namespace
 
@@ -73,9 +82,10 @@ class QueueCore::TakeTurn {
   bool held_;
 };
 
-QueueCore::QueueCore(std::size_t maxsize)
+QueueCore::QueueCore(std::size_t maxsize, bool joinable)
     : maxsize_(maxsize), put_end_(UniqueFd()), get_end_(UniqueFd()), page_(SharedPage::create("forkpool-queue")) {
   init_robust_mutex(state_of(*page_).turn, "forkpool: Queue");
+  state_of(*page_).joinable = joinable;
   auto [put_end, get_end] = Channel::make_pair();
   put_end_ = std::move(put_end);
   get_end_ = std::move(get_end);
@@ -143,12 +153,14 @@ bool QueueCore::put(const Writer& item, Deadline deadline) {
     if (!wait_for_fd(tokens_out_.get(), POLLIN, deadline ? std::min(until, *deadline) : until, "forkpool: Queue::put"))
       recover_abandoned_take();
   }
+  item_coming();
   try {
     put_end_.send(kItem, next_item_id(), item.bytes(), item.fds());
   } catch (...) {
-    give_token();
+    item_not_sent();
     throw;
   }
+  state_of(*page_).items.fetch_add(1);
   return true;
 }
 
@@ -160,11 +172,58 @@ Task<void> QueueCore::async_put(Writer item) {
     if (rc == -ETIMEDOUT) recover_abandoned_take();
     else if (rc < 0) throw std::system_error(-rc, std::generic_category(), "forkpool: Queue::async_put");
   }
+  item_coming();
   try {
     co_await put_end_.async_send(kItem, next_item_id(), item.bytes(), item.fds());
   } catch (...) {
-    give_token();
+    item_not_sent();
     throw;
+  }
+  state_of(*page_).items.fetch_add(1);
+}
+
+void QueueCore::item_coming() {
+  QueueState& state = state_of(*page_);
+  if (state.joinable) state.unfinished.fetch_add(1);
+}
+
+void QueueCore::item_not_sent() {
+  give_token();
+  QueueState& state = state_of(*page_);
+  if (state.joinable && state.unfinished.fetch_sub(1) == 1) futex_wake_all(&state.unfinished);
+}
+
+std::size_t QueueCore::qsize() const {
+  return static_cast<std::size_t>(std::max<std::int64_t>(0, state_of(*page_).items.load()));
+}
+
+void QueueCore::task_done() {
+  QueueState& state = state_of(*page_);
+  TakeTurn turn(*this, /*wait=*/true);
+  if (state.unfinished.load() == 0) throw std::logic_error("forkpool: JoinableQueue::task_done() called more times than items were put");
+  state.unfinished_by.add(getpid(), -1);
+  if (state.unfinished.fetch_sub(1) == 1) futex_wake_all(&state.unfinished);
+}
+
+// Items got by consumers that ended without task_done() are done: nobody else will say so.
+void QueueCore::settle_ended_consumers() {
+  QueueState& state = state_of(*page_);
+  TakeTurn turn(*this, /*wait=*/true);
+  std::int64_t abandoned = std::min<std::int64_t>(state.unfinished_by.take_ended(), state.unfinished.load());
+  if (abandoned > 0 && state.unfinished.fetch_sub(static_cast<std::uint32_t>(abandoned)) == abandoned)
+    futex_wake_all(&state.unfinished);
+}
+
+bool QueueCore::join_tasks(Deadline deadline) {
+  QueueState& state = state_of(*page_);
+  for (;;) {
+    std::uint32_t unfinished = state.unfinished.load();
+    if (unfinished == 0) return true;
+    auto now = std::chrono::steady_clock::now();
+    if (deadline && now >= *deadline) return false;
+    auto slice = deadline ? std::min<std::chrono::nanoseconds>(kAbandonedTakeCheck, *deadline - now) : kAbandonedTakeCheck;
+    futex_wait_for(&state.unfinished, unfinished, slice);
+    if (state.unfinished.load() != 0) settle_ended_consumers();
   }
 }
 
@@ -204,7 +263,12 @@ std::optional<std::uint64_t> QueueCore::begin_take() {
 
 std::optional<Message> QueueCore::receive_taken() {
   std::optional<Message> item = get_end_.try_receive();
-  state_of(*page_).stage.store(static_cast<std::uint32_t>(item ? Stage::taken : Stage::idle));
+  QueueState& state = state_of(*page_);
+  state.stage.store(static_cast<std::uint32_t>(item ? Stage::taken : Stage::idle));
+  if (item) {
+    state.items.fetch_sub(1);
+    if (state.joinable) state.unfinished_by.add(getpid(), 1);
+  }
   return item;
 }
 

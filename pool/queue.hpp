@@ -41,7 +41,7 @@ struct QueueInternals;
 
 class QueueCore {
  public:
-  explicit QueueCore(std::size_t maxsize);
+  explicit QueueCore(std::size_t maxsize, bool joinable = false);
   // A queue received from another process: its socket ends, its shared page and, when bounded,
   // its token pipe. Throws ProtocolError when they are not.
   QueueCore(std::size_t maxsize, UniqueFd put_end, UniqueFd get_end, UniqueFd page, UniqueFd tokens_out,
@@ -57,6 +57,12 @@ class QueueCore {
 
   void close() noexcept { closed_ = true; }
   std::size_t maxsize() const noexcept { return maxsize_; }
+  // Items put and not yet got, approximately (as Python's qsize).
+  std::size_t qsize() const;
+  // JoinableQueue: one item got is done; join_tasks() waits until every item put is done (false
+  // when `deadline` passed first).
+  void task_done();
+  bool join_tasks(Deadline deadline);
   void encode(Writer& w, const std::shared_ptr<const QueueCore>& self) const;
 
  private:
@@ -66,6 +72,10 @@ class QueueCore {
 
   bool try_take_token();
   void give_token();
+  // A put's bookkeeping before its item is sent, and undone when it could not be.
+  void item_coming();
+  void item_not_sent();
+  void settle_ended_consumers();
   void check_open() const;
   // One item if one is waiting, never blocking. Consumers in every process take turns (a
   // robust mutex in the queue's page; nobody waits while holding the turn), so a consumer that
@@ -127,9 +137,18 @@ class Queue {
   // This process puts no more (further puts throw std::logic_error); gets go on.
   void close() noexcept { core_->close(); }
 
+  // Approximate, as Python says: other processes put and get meanwhile.
+  std::size_t qsize() const { return core_->qsize(); }
+  bool empty() const { return qsize() == 0; }
+  bool full() const { return core_->maxsize() > 0 && qsize() >= core_->maxsize(); }
+  std::size_t maxsize() const noexcept { return core_->maxsize(); }
+
+ protected:
+  explicit Queue(std::shared_ptr<detail::QueueCore> core) : core_(std::move(core)) {}
+  std::shared_ptr<detail::QueueCore> core_;
+
  private:
   friend struct codec<Queue<T>>;
-  explicit Queue(std::shared_ptr<detail::QueueCore> core) : core_(std::move(core)) {}
 
   static Writer encode_item(const T& item) {
     return detail::encode_queue_item([&](Writer& w) { w.write(item); });
@@ -146,8 +165,24 @@ class Queue {
     if (!message) return std::nullopt;
     return take(*message);
   }
+};
 
-  std::shared_ptr<detail::QueueCore> core_;
+// A Queue whose consumers say when each item they got is done, as multiprocessing's
+// JoinableQueue: join() waits until every item put has been. An item got by a consumer that
+// ended without task_done() counts as done (nothing waits for ever on a dead process).
+template <class T>
+class JoinableQueue : public Queue<T> {
+ public:
+  explicit JoinableQueue(std::size_t maxsize = 0) : Queue<T>(std::make_shared<detail::QueueCore>(maxsize, true)) {}
+  // Throws std::logic_error when called more times than items were put.
+  void task_done() { this->core_->task_done(); }
+  void join() { this->core_->join_tasks(std::nullopt); }
+  // False when items were still unfinished after `timeout`.
+  bool join(std::chrono::nanoseconds timeout) { return this->core_->join_tasks(detail::deadline_after(timeout)); }
+
+ private:
+  friend struct codec<JoinableQueue<T>>;
+  explicit JoinableQueue(std::shared_ptr<detail::QueueCore> core) : Queue<T>(std::move(core)) {}
 };
 
 namespace detail {
@@ -160,6 +195,13 @@ struct codec<Queue<T>> {
   static constexpr std::size_t min_size = sizeof(std::uint64_t) + 3 * sizeof(std::uint32_t);
   static void encode(Writer& w, const Queue<T>& queue) { queue.core_->encode(w, queue.core_); }
   static Queue<T> decode(Reader& r) { return Queue<T>(detail::decode_queue(r)); }
+};
+
+template <class T>
+struct codec<JoinableQueue<T>> {
+  static constexpr std::size_t min_size = codec<Queue<T>>::min_size;
+  static void encode(Writer& w, const JoinableQueue<T>& queue) { queue.core_->encode(w, queue.core_); }
+  static JoinableQueue<T> decode(Reader& r) { return JoinableQueue<T>(detail::decode_queue(r)); }
 };
 
 }  // namespace forkpool

@@ -245,6 +245,61 @@ TEST_P(SyncTest, APartyThatDiesWhileOthersWaitBreaksTheBarrier) {
   EXPECT_TRUE(survivor.join(10s));
 }
 
+TEST(QueueSizeTest, QsizeEmptyAndFullFollowPutsAndGets) {
+  Queue<int> q(3);
+  EXPECT_TRUE(q.empty());
+  q.put(1);
+  q.put(2);
+  EXPECT_EQ(q.qsize(), 2u);
+  EXPECT_FALSE(q.full());
+  q.put(3);
+  EXPECT_TRUE(q.full());
+  EXPECT_EQ(q.get(), 1);
+  EXPECT_EQ(q.qsize(), 2u);
+  EXPECT_FALSE(q.empty());
+  Queue<int> unbounded;
+  unbounded.put(7);
+  EXPECT_FALSE(unbounded.full());
+  EXPECT_EQ(unbounded.qsize(), 1u);
+}
+
+void work_through(JoinableQueue<int> tasks, int count) {
+  for (int i = 0; i < count; ++i) {
+    tasks.get();
+    std::this_thread::sleep_for(20ms);
+    tasks.task_done();
+  }
+}
+
+TEST_P(SyncTest, JoinWaitsUntilEveryItemPutIsDone) {
+  JoinableQueue<int> tasks;
+  for (int i = 0; i < 3; ++i) tasks.put(i);
+  EXPECT_FALSE(tasks.join(50ms));
+  Process worker = start_process(options(), work_through, tasks, 3);
+  EXPECT_TRUE(tasks.join(10s));
+  EXPECT_TRUE(tasks.empty());
+  EXPECT_TRUE(worker.join(10s));
+  EXPECT_THROW(tasks.task_done(), std::logic_error);
+}
+
+void get_and_die(JoinableQueue<int> tasks, Event got) {
+  tasks.get();
+  got.set();
+  std::this_thread::sleep_for(60s);
+}
+
+TEST_P(SyncTest, AnItemWhoseConsumerDiedCountsAsDoneForJoin) {
+  JoinableQueue<int> tasks;
+  tasks.put(1);
+  Event got;
+  Process consumer = start_process(options(), get_and_die, tasks, got);
+  ASSERT_TRUE(got.wait(10s));
+  EXPECT_FALSE(tasks.join(50ms));
+  consumer.kill();
+  ASSERT_TRUE(consumer.join(10s));
+  EXPECT_TRUE(tasks.join(5s));
+}
+
 INSTANTIATE_TEST_SUITE_P(StartMethods, SyncTest, test_support::all_start_methods(), test_support::start_method_name);
 
 }  // namespace
