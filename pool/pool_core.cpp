@@ -299,8 +299,8 @@ void PoolCoreImpl::serve_started(WorkerStart& start) {
   try {
     // The sharing strategy of now: a worker from a fork server started earlier has that one's.
     std::int64_t spin = options_.spin ? options_.spin->count() : -1;
-    Writer hello = encode(std::tuple<int, int, std::uint64_t, SharingStrategy, std::int64_t>(
-        worker->index, processes_, start.seed, get_sharing_strategy(), spin));
+    Writer hello = encode(std::tuple<int, int, std::uint64_t, SharingStrategy, std::int64_t, std::int32_t>(
+        worker->index, processes_, start.seed, get_sharing_strategy(), spin, static_cast<std::int32_t>(getpid())));
     worker->channel->send(kHelloMessage, 0, hello.bytes(), hello_fds);  // an empty socket: no wait
     // A block let go here, on any thread, goes home to the worker at once. The line owns its
     // own descriptor, so it stays valid however the release races with the worker's end.

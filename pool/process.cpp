@@ -2,8 +2,16 @@
 
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <mutex>
+#include <set>
+#include <stdexcept>
 
 #include <forkpool/pool/internal/fd_wait.hpp>
+#include <forkpool/pool/internal/holders.hpp>
+#include <forkpool/pool/worker_info.hpp>
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/internal/blocking_wait.hpp>
 #include <forkpool/runtime/internal/io.hpp>
@@ -13,8 +21,21 @@ namespace forkpool {
 
 // The process is the one worker of a pool that then closes: when its task is done the worker
 // exits (maxtasksperchild 1), and nothing replaces it.
+namespace {
+// The Processes of this process, by pid: active_children() asks which still run.
+std::mutex started_lock;
+std::set<pid_t>& started_here() {
+  static auto* pids = new std::set<pid_t>;  // never destroyed: handles may outlive static destruction
+  return *pids;
+}
+void forget_started(pid_t pid) {
+  std::lock_guard guard(started_lock);
+  started_here().erase(pid);
+}
+}  // namespace
+
 Process::Process(const ProcessOptions& options)
-    : pool_(std::make_unique<Pool>(PoolOptions{.processes = 1, .maxtasksperchild = 1, .start_method = options.start_method},
+    : daemon_(options.daemon), pool_(std::make_unique<Pool>(PoolOptions{.processes = 1, .maxtasksperchild = 1, .start_method = options.start_method},
                                    options.name.empty() ? std::string("forkpool-process") : options.name)) {}
 
 void Process::started() {
@@ -23,16 +44,44 @@ void Process::started() {
   // Our own watch on it: the pool's pidfd (from the fork server when it is the server's child),
   // never one opened by pid, which a short task's process may have given up already.
   pidfd_ = pool_->worker_pidfd(pid_);
+  std::lock_guard guard(started_lock);
+  started_here().insert(pid_);
 }
 
 Process::Process(Process&&) noexcept = default;
 Process& Process::operator=(Process&&) noexcept = default;
 
 Process::~Process() {
-  if (pidfd_ && is_alive()) kill();
+  if (!pidfd_) return;
+  if (is_alive()) {
+    if (daemon_) {
+      kill();
+    } else {
+      try {
+        join();
+      } catch (...) {
+        kill();  // joining was refused (inside a coroutine on this loop): as a daemon
+      }
+    }
+  }
+  forget_started(pid_);
+}
+
+void Process::close() {
+  if (!pidfd_) return;
+  if (is_alive()) throw std::logic_error("forkpool: Process::close() while the process runs: join() it first");
+  join();  // its outcome, from the pool
+  closed_exit_code_ = exit_code_from_result();
+  forget_started(pid_);
+  pidfd_ = UniqueFd();
+  pool_.reset();
+  outcome_ = nullptr;
+  failure_ = nullptr;
+  wait_ = nullptr;
 }
 
 bool Process::is_alive() const {
+  if (!pidfd_) return false;
   pollfd exited{pidfd_.get(), POLLIN, 0};
   return poll(&exited, 1, 0) == 0;
 }
@@ -53,6 +102,7 @@ std::optional<int> Process::exit_code_from_result() const {
 }
 
 std::optional<int> Process::exitcode() const {
+  if (!pidfd_) return closed_exit_code_;
   if (is_alive()) return std::nullopt;
   return exit_code_from_result();
 }
@@ -61,6 +111,7 @@ void Process::terminate() { detail::send_signal(pidfd_.get(), SIGTERM); }
 void Process::kill() { detail::send_signal(pidfd_.get(), SIGKILL); }
 
 bool Process::join(std::chrono::nanoseconds timeout) {
+  if (!pidfd_) return true;  // closed: it had ended
   detail::Deadline deadline = detail::deadline_after(timeout);
   std::optional<std::chrono::nanoseconds> left;
   if (deadline) left = *deadline - std::chrono::steady_clock::now();
@@ -74,6 +125,22 @@ Task<int> Process::async_join() {
   co_await wait_();
   co_await wait_process_exit(pidfd_.get());
   co_return *exit_code_from_result();
+}
+
+std::string current_process_name() {
+  char name[17] = {};
+  prctl(PR_GET_NAME, name);
+  return name;
+}
+
+pid_t parent_pid() { return detail::starting_parent().value_or(getppid()); }
+
+std::vector<pid_t> active_children() {
+  std::lock_guard guard(started_lock);
+  std::vector<pid_t> running;
+  for (pid_t pid : started_here())
+    if (!detail::process_ended(pid)) running.push_back(pid);
+  return running;
 }
 
 }  // namespace forkpool

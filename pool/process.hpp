@@ -19,6 +19,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <forkpool/pool/pool.hpp>
 #include <forkpool/pool/pool_options.hpp>
@@ -31,6 +32,11 @@ namespace forkpool {
 struct ProcessOptions {
   StartMethod start_method = StartMethod::forkserver;
   std::string name = {};  // in ps; "forkpool-process" when empty
+  // A daemon process is ended when its parent exits, and when its Process handle is destroyed
+  // while it runs. false: the handle's destructor waits for it to end, as Python waits for
+  // non-daemon processes at exit. (Unlike Python's, forkpool's default is true: a destructor
+  // that may wait for ever is the riskier default in C++.)
+  bool daemon = true;
 };
 
 // One process running one function. Belongs to the thread that started it (its waits drive that
@@ -48,6 +54,12 @@ class Process {
   std::optional<int> exitcode() const;
   void terminate();  // SIGTERM
   void kill();       // SIGKILL
+  // A descriptor that turns readable when the process has ended (its pidfd): poll() it beside
+  // others, as Python's sentinel. Valid until close() or the handle's end.
+  int sentinel() const noexcept { return pidfd_.get(); }
+  // Lets go of the process's resources once it has ended; exitcode() still answers. Throws
+  // std::logic_error while it runs.
+  void close();
   // True once it has ended (and its exit code is known); false if `timeout` passes first.
   bool join(std::chrono::nanoseconds timeout = std::chrono::nanoseconds::max());
   // On the calling thread's loop: its exit code, once it has ended.
@@ -80,6 +92,8 @@ class Process {
  private:
   explicit Process(const ProcessOptions& options);
   void started();
+  bool daemon_ = true;
+  std::optional<int> closed_exit_code_;  // after close()
   std::optional<int> exit_code_from_result() const;
 
   std::unique_ptr<Pool> pool_;
@@ -102,5 +116,14 @@ template <class F, class... Args>
 Process start_process(F f, Args... args) {
   return start_process(ProcessOptions{}, f, args...);
 }
+
+// The name of the calling process, as `ps` shows it ("forkpool-worker-0", "forkpool-process",
+// or the program's own), as Python's current_process().name.
+std::string current_process_name();
+// The process that started this one: a pool's or a Process's owner in a worker (not the fork
+// server it was forked from); getppid() elsewhere. As Python's parent_process().pid.
+pid_t parent_pid();
+// The pids of the Processes this process started that still run, as Python's active_children().
+std::vector<pid_t> active_children();
 
 }  // namespace forkpool

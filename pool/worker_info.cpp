@@ -26,6 +26,16 @@ namespace detail {
 
 void set_worker_info(WorkerInfo info) { current() = info; }
 
+namespace {
+std::optional<pid_t>& parent_slot() {
+  static std::optional<pid_t> parent;
+  return parent;
+}
+}  // namespace
+
+void set_starting_parent(pid_t parent) { parent_slot() = parent; }
+std::optional<pid_t> starting_parent() { return parent_slot(); }
+
 std::uint64_t worker_seed(std::uint64_t base, int id, std::uint64_t generation) noexcept {
   return mix(mix(base ^ mix(static_cast<std::uint64_t>(id))) + generation);
 }

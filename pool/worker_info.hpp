@@ -28,6 +28,9 @@ std::optional<WorkerInfo> worker_info();
 
 namespace detail {
 void set_worker_info(WorkerInfo info);
+// In a worker: the process that started it (its pool's owner), recorded as it starts.
+void set_starting_parent(pid_t parent);
+std::optional<pid_t> starting_parent();
 // The seed of the `generation`th worker to hold `id` in a pool whose seed is `base`.
 std::uint64_t worker_seed(std::uint64_t base, int id, std::uint64_t generation) noexcept;
 // PoolOptions::seed, or a random base when it is 0.

@@ -2,6 +2,8 @@
 // start method, with the dead-process cases Python's would hang on.
 
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -298,6 +300,65 @@ TEST_P(SyncTest, AnItemWhoseConsumerDiedCountsAsDoneForJoin) {
   consumer.kill();
   ASSERT_TRUE(consumer.join(10s));
   EXPECT_TRUE(tasks.join(5s));
+}
+
+void sleep_then_put(Queue<int> done, int ms) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  done.put(1);
+}
+
+TEST_P(SyncTest, TheSentinelTurnsReadableWhenTheProcessEndsAndCloseKeepsTheExitCode) {
+  Queue<int> done;
+  Process p = start_process(options(), sleep_then_put, done, 60000);
+  pollfd ended{p.sentinel(), POLLIN, 0};
+  EXPECT_EQ(poll(&ended, 1, 0), 0);
+  EXPECT_THROW(p.close(), std::logic_error);
+  p.kill();
+  EXPECT_EQ(poll(&ended, 1, 10000), 1);
+  ASSERT_TRUE(p.join(10s));
+  p.close();
+  EXPECT_EQ(p.exitcode(), std::optional<int>(-SIGKILL));
+  EXPECT_FALSE(p.is_alive());
+  EXPECT_TRUE(p.join());
+}
+
+TEST_P(SyncTest, ANonDaemonProcessIsWaitedForAndADaemonOneEndedWithItsHandle) {
+  Queue<int> done;
+  {
+    ProcessOptions waited = options();
+    waited.daemon = false;
+    Process p = start_process(waited, sleep_then_put, done, 150);
+  }
+  EXPECT_EQ(done.get_nowait(), std::optional<int>(1));  // it finished before the handle's end
+  {
+    Process p = start_process(options(), sleep_then_put, done, 150);
+  }
+  EXPECT_FALSE(done.get(400ms).has_value());  // killed with its handle
+}
+
+void report_who(Queue<std::string> report) {
+  report.put(current_process_name() + " " + std::to_string(parent_pid()));
+}
+
+TEST_P(SyncTest, AProcessKnowsItsNameAndTheProcessThatStartedIt) {
+  Queue<std::string> report;
+  ProcessOptions named = options();
+  named.name = "fp-reporter";
+  Process p = start_process(named, report_who, report);
+  EXPECT_EQ(report.get(), "fp-reporter " + std::to_string(getpid()));
+  EXPECT_TRUE(p.join(10s));
+}
+
+TEST(ProcessApiTest, ActiveChildrenListsTheProcessesStillRunning) {
+  Queue<int> done;
+  Process running = start_process(sleep_then_put, done, 60000);
+  Process quick = start_process(sleep_then_put, done, 0);
+  ASSERT_TRUE(quick.join(10s));
+  std::vector<pid_t> children = active_children();
+  EXPECT_EQ(children, std::vector<pid_t>{running.pid()});
+  running.kill();
+  ASSERT_TRUE(running.join(10s));
+  EXPECT_TRUE(active_children().empty());
 }
 
 INSTANTIATE_TEST_SUITE_P(StartMethods, SyncTest, test_support::all_start_methods(), test_support::start_method_name);

@@ -10,7 +10,9 @@
 //                  the worker calls elements [first, end) of the chunk (all of them, but for a
 //                  retried part of a chunk whose worker died: see ElementRange)
 //     descriptors  what the elements attached, which they name by index
-//   hello   (parent -> worker): the first message; carries one memfd, the worker's RunningSlot
+//   hello   (parent -> worker): the first message: [id][workers][seed][sharing strategy][spin]
+//                               [the parent's pid], with the worker's RunningSlot, the rings and
+//                               the two wake eventfds
 //   result  (worker -> parent): [u64 count of results, end - first][results...][table of blocks]
 //                               [release][u32 its length]: what the task let go of
 //   error   (worker -> parent): [type name][message] of what the task threw; with request id 0,
