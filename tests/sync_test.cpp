@@ -16,7 +16,9 @@
 #include <forkpool/pool/process.hpp>
 #include <forkpool/pool/queue.hpp>
 #include <forkpool/pool/semaphore.hpp>
+#include <forkpool/pool/shared_value.hpp>
 #include <forkpool/pool/sync.hpp>
+#include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/loop.hpp>
 
 #include "support.hpp"
@@ -359,6 +361,53 @@ TEST(ProcessApiTest, ActiveChildrenListsTheProcessesStillRunning) {
   running.kill();
   ASSERT_TRUE(running.join(10s));
   EXPECT_TRUE(active_children().empty());
+}
+
+void count_up(Value<long> counter, int times) {
+  for (int i = 0; i < times; ++i) {
+    std::lock_guard held(counter.get_lock());
+    counter.store(counter.load() + 1);
+  }
+}
+
+TEST_P(SyncTest, AValueCountedUnderItsLockByFourProcessesLosesNoIncrement) {
+  Value<long> counter(0);
+  std::vector<Process> processes;
+  for (int i = 0; i < 4; ++i) processes.push_back(start_process(options(), count_up, counter, 300));
+  for (Process& p : processes) ASSERT_TRUE(p.join(20s));
+  for (Process& p : processes) EXPECT_EQ(p.exitcode(), std::optional<int>(0));
+  EXPECT_EQ(counter.load(), 1200);
+}
+
+void write_squares(Array<double> squares) {
+  for (std::size_t i = 0; i < squares.size(); ++i) squares.store(i, static_cast<double>(i * i));
+}
+
+TEST_P(SyncTest, AnArrayWrittenByAnotherProcessIsSeenHere) {
+  Array<double> squares(5);
+  EXPECT_EQ(squares.to_vector(), std::vector<double>(5, 0.0));
+  Process p = start_process(options(), write_squares, squares);
+  ASSERT_TRUE(p.join(10s));
+  EXPECT_EQ(squares.to_vector(), (std::vector<double>{0, 1, 4, 9, 16}));
+  EXPECT_THROW(squares.load(5), std::out_of_range);
+  Array<int> given{3, 1, 2};
+  EXPECT_EQ(given.size(), 3u);
+  EXPECT_EQ(given.raw()[2], 2);
+}
+
+TEST(SharedValueTest, AValueOfTheWrongDescriptorIsAProtocolError) {
+  int ends[2];
+  ASSERT_EQ(pipe(ends), 0);
+  Writer w;
+  w.write(std::uint64_t{8});
+  w.write(w.attach_fd(ends[0]));
+  w.write(RLock());
+  std::vector<UniqueFd> fds;
+  for (int attached : w.fds()) fds.emplace_back(dup(attached));
+  Reader r(w.bytes(), fds);
+  EXPECT_THROW(r.read<Value<double>>(), ProtocolError);
+  close(ends[0]);
+  close(ends[1]);
 }
 
 INSTANTIATE_TEST_SUITE_P(StartMethods, SyncTest, test_support::all_start_methods(), test_support::start_method_name);

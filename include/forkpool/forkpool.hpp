@@ -13,6 +13,7 @@
 #include <forkpool/pool/process.hpp>
 #include <forkpool/pool/queue.hpp>
 #include <forkpool/pool/semaphore.hpp>
+#include <forkpool/pool/shared_value.hpp>
 #include <forkpool/pool/spawn.hpp>
 #include <forkpool/pool/stream.hpp>
 #include <forkpool/pool/sync.hpp>
