@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include <forkpool/pool/pipe.hpp>
 #include <forkpool/pool/process.hpp>
 #include <forkpool/pool/queue.hpp>
 #include <forkpool/pool/semaphore.hpp>
@@ -20,6 +21,8 @@
 #include <forkpool/pool/sync.hpp>
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/loop.hpp>
+#include <forkpool/shm/tensor.hpp>
+#include <forkpool/shm/tensor_codec.hpp>
 
 #include "support.hpp"
 
@@ -408,6 +411,67 @@ TEST(SharedValueTest, AValueOfTheWrongDescriptorIsAProtocolError) {
   EXPECT_THROW(r.read<Value<double>>(), ProtocolError);
   close(ends[0]);
   close(ends[1]);
+}
+
+void echo(Connection<std::string> there) {
+  for (;;) {
+    std::string got;
+    try {
+      got = there.recv();
+    } catch (const ChannelClosed&) {
+      return;
+    }
+    there.send(got + "!");
+  }
+}
+
+TEST_P(SyncTest, APipeCarriesValuesBothWaysAndEndsWhenTheOtherSideIsGone) {
+  auto [here, there] = Pipe<std::string>();
+  Process p = start_process(options(), echo, there);
+  there.close();  // ours: only the process holds that end now
+  EXPECT_FALSE(here.poll());
+  here.send("ping");
+  EXPECT_TRUE(here.poll(10s));
+  EXPECT_EQ(here.recv(), "ping!");
+  here.send("again");
+  EXPECT_EQ(here.recv(), "again!");
+  p.kill();
+  ASSERT_TRUE(p.join(10s));
+  EXPECT_THROW(here.recv(), ChannelClosed);
+}
+
+void send_a_tensor(Connection<Tensor> out) {
+  Tensor t = Tensor::empty({256}, DType::f32);
+  for (int i = 0; i < 256; ++i) t.data<float>()[i] = static_cast<float>(i);
+  out.send(t);
+}
+
+TEST_P(SyncTest, ATensorCrossesAPipeAsSharedMemory) {
+  auto [in, out] = Pipe<Tensor>(/*duplex=*/false);
+  EXPECT_THROW(in.send(Tensor::zeros({1}, DType::f32)), std::logic_error);
+  EXPECT_THROW(out.recv(), std::logic_error);
+  Process p = start_process(options(), send_a_tensor, out);
+  Tensor got = in.recv();
+  EXPECT_TRUE(got.is_shared());
+  ASSERT_EQ(got.numel(), 256);
+  EXPECT_EQ(got.data<float>()[255], 255.0f);
+  EXPECT_TRUE(p.join(10s));
+}
+
+TEST(PipeTest, WaitReadyReturnsTheConnectionsAndSentinelsThatAreReady) {
+  auto [a, b] = Pipe<int>();
+  auto [c, d] = Pipe<int>();
+  int fds[] = {a.fd(), c.fd()};
+  EXPECT_TRUE(wait_ready(fds, 20ms).empty());
+  d.send(5);
+  EXPECT_EQ(wait_ready(fds, 10s), std::vector<int>{c.fd()});
+  EXPECT_EQ(c.recv(), 5);
+  Queue<int> done;
+  Process p = start_process(sleep_then_put, done, 0);
+  int sentinels[] = {a.fd(), p.sentinel()};
+  EXPECT_EQ(wait_ready(sentinels, 10s), std::vector<int>{p.sentinel()});
+  EXPECT_TRUE(p.join(10s));
+  (void)b;
 }
 
 INSTANTIATE_TEST_SUITE_P(StartMethods, SyncTest, test_support::all_start_methods(), test_support::start_method_name);

@@ -9,6 +9,7 @@
 #include <forkpool/pool/as_completed.hpp>
 #include <forkpool/pool/dataloader.hpp>
 #include <forkpool/pool/init.hpp>
+#include <forkpool/pool/pipe.hpp>
 #include <forkpool/pool/pool.hpp>
 #include <forkpool/pool/process.hpp>
 #include <forkpool/pool/queue.hpp>

@@ -1,0 +1,122 @@
+#pragma once
+// Pipe<T>(): two connected Connections, as multiprocessing.Pipe. Each send() is one message on
+// an AF_UNIX SOCK_SEQPACKET socket (tensors ride as shared memory, their descriptors inside), so
+// a receiver gets whole values only. A Connection is a handle: copies, and copies passed to
+// other processes (as arguments of start_process, spawn and pool tasks, under every start
+// method), are the same end.
+//
+//   auto [here, there] = forkpool::Pipe<std::string>();
+//   forkpool::Process p = forkpool::start_process(echo, there);
+//   here.send("ping");  here.recv();  // "pong"
+//
+// recv() throws ChannelClosed (Python's EOFError) once every copy of the other end, in every
+// process, is closed or gone with its process, and nothing is left to read: close the ends a
+// process does not use, as with Python's pipes. Any thread; one receiver at a time per process.
+
+#include <poll.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include <forkpool/ipc/codec.hpp>
+#include <forkpool/ipc/internal/channel.hpp>
+#include <forkpool/pool/queue.hpp>
+#include <forkpool/runtime/task.hpp>
+
+namespace forkpool {
+
+namespace detail {
+
+// A Connection's end of the socket, shared by the copies of one process.
+struct ConnectionEnd {
+  explicit ConnectionEnd(Channel channel, bool readable, bool writable)
+      : channel(std::move(channel)), readable(readable), writable(writable) {}
+  Channel channel;
+  std::mutex receiving;  // the channel's receive buffer is one per channel
+  bool readable, writable;
+};
+
+std::shared_ptr<ConnectionEnd> decode_connection(Reader& r);
+void encode_connection(Writer& w, const std::shared_ptr<ConnectionEnd>& end);
+void check_connection(const ConnectionEnd& end, bool for_sending);
+// Whether a message (or the end of the other side) is waiting within `timeout`.
+bool connection_poll(const ConnectionEnd& end, std::chrono::nanoseconds timeout);
+
+}  // namespace detail
+
+template <class T>
+class Connection {
+ public:
+  void send(const T& value) {
+    detail::check_connection(*end_, true);
+    Writer item = detail::encode_queue_item([&](Writer& w) { w.write(value); });
+    end_->channel.send(kValue, 0, item.bytes(), item.fds());
+  }
+  // Blocks for the next value. Throws ChannelClosed at the end (see above).
+  T recv() {
+    detail::check_connection(*end_, false);
+    std::lock_guard turn(end_->receiving);
+    Message message = end_->channel.receive();
+    return take(message);
+  }
+  // On the calling thread's loop; resumes inside the turn that received the value.
+  Task<T> async_recv() {
+    auto end = end_;
+    detail::check_connection(*end, false);
+    Message message = co_await end->channel.async_receive();
+    co_return take(message);
+  }
+  // Whether recv() would return (or throw ChannelClosed) without waiting longer than `timeout`.
+  bool poll(std::chrono::nanoseconds timeout = std::chrono::nanoseconds::zero()) const {
+    return detail::connection_poll(*end_, timeout);
+  }
+  // This process's copies of this end stop: the other side reads to the end, then ChannelClosed.
+  void close() { end_->channel = Channel(UniqueFd()); }
+  bool closed() const noexcept { return end_->channel.fd() < 0; }
+  // Readable when a value (or the end) is waiting: for poll(2), or wait_ready() beside others.
+  int fd() const noexcept { return end_->channel.fd(); }
+
+ private:
+  template <class U>
+  friend std::pair<Connection<U>, Connection<U>> Pipe(bool duplex);
+  friend struct codec<Connection<T>>;
+  static constexpr std::uint16_t kValue = 1;
+  explicit Connection(std::shared_ptr<detail::ConnectionEnd> end) : end_(std::move(end)) {}
+  static T take(Message& message) {
+    std::optional<T> value;
+    detail::decode_queue_item(message, [&](Reader& in) {
+      value.emplace(in.read<T>());
+      in.expect_end();
+    });
+    return std::move(*value);
+  }
+  std::shared_ptr<detail::ConnectionEnd> end_;
+};
+
+// Two connected ends. duplex false: the first only receives, the second only sends (Python's
+// order); a call the end does not allow throws std::logic_error. Throws std::system_error.
+template <class T>
+std::pair<Connection<T>, Connection<T>> Pipe(bool duplex = true) {
+  auto [first, second] = Channel::make_pair();
+  return {Connection<T>(std::make_shared<detail::ConnectionEnd>(std::move(first), true, duplex)),
+          Connection<T>(std::make_shared<detail::ConnectionEnd>(std::move(second), duplex, true))};
+}
+
+// The descriptors of `fds` (Connection::fd(), Process::sentinel(), any other) that are
+// readable, waiting up to `timeout` for one: multiprocessing.connection.wait.
+std::vector<int> wait_ready(std::span<const int> fds, std::chrono::nanoseconds timeout = std::chrono::nanoseconds::max());
+
+template <class T>
+struct codec<Connection<T>> {
+  static constexpr std::size_t min_size = 2 + sizeof(std::uint32_t);
+  static void encode(Writer& w, const Connection<T>& connection) { detail::encode_connection(w, connection.end_); }
+  static Connection<T> decode(Reader& r) { return Connection<T>(detail::decode_connection(r)); }
+};
+
+}  // namespace forkpool
