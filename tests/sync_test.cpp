@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
+#include <system_error>
 #include <mutex>
 #include <set>
 #include <string>
@@ -21,6 +23,7 @@
 #include <forkpool/pool/sync.hpp>
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/loop.hpp>
+#include <forkpool/shm/named_memory.hpp>
 #include <forkpool/shm/tensor.hpp>
 #include <forkpool/shm/tensor_codec.hpp>
 
@@ -472,6 +475,53 @@ TEST(PipeTest, WaitReadyReturnsTheConnectionsAndSentinelsThatAreReady) {
   EXPECT_EQ(wait_ready(sentinels, 10s), std::vector<int>{p.sentinel()});
   EXPECT_TRUE(p.join(10s));
   (void)b;
+}
+
+void write_through_the_name(std::string name, Event done) {
+  SharedMemory block = SharedMemory::attach(name);
+  std::memcpy(block.bytes().data(), "hello", 5);
+  done.set();
+}
+
+TEST_P(SyncTest, AProcessAttachesANamedBlockByNameAndWritesIt) {
+  SharedMemory block = SharedMemory::create("", 4096);
+  EXPECT_EQ(block.name().rfind("forkpool-shm-", 0), 0u);
+  EXPECT_EQ(block.bytes().size(), 4096u);
+  Event done;
+  Process p = start_process(options(), write_through_the_name, block.name(), done);
+  ASSERT_TRUE(done.wait(10s));
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(block.bytes().data()), 5), "hello");
+  EXPECT_TRUE(p.join(10s));
+  block.unlink();
+  EXPECT_THROW(SharedMemory::attach(block.name()), std::system_error);
+}
+
+TEST(NamedSharedMemoryTest, ANameForkpoolWouldNotCleanUpNeedsOutlive) {
+  std::string name = "fp-test-outlive-" + std::to_string(getpid());
+  EXPECT_THROW(SharedMemory::create(name, 64), std::invalid_argument);
+  EXPECT_THROW(SharedMemory::create("a/b", 64, true), std::invalid_argument);
+  SharedMemory block = SharedMemory::create(name, 64, /*outlive=*/true);
+  EXPECT_THROW(SharedMemory::create(name, 64, true), std::system_error);  // exists
+  EXPECT_EQ(access(("/dev/shm/" + name).c_str(), F_OK), 0);
+  block.unlink();
+  EXPECT_NE(access(("/dev/shm/" + name).c_str(), F_OK), 0);
+}
+
+void create_and_wait(std::string name, Event made) {
+  SharedMemory block = SharedMemory::create(name, 1 << 20);
+  made.set();
+  std::this_thread::sleep_for(60s);
+}
+
+TEST_P(SyncTest, ABlockWhoseOnlyUserIsKilledLeavesNothingInDevShm) {
+  std::string name = "forkpool-test-killed-" + std::to_string(getpid()) + "-" + std::to_string(static_cast<int>(GetParam()));
+  Event made;
+  Process p = start_process(options(), create_and_wait, name, made);
+  ASSERT_TRUE(made.wait(10s));
+  EXPECT_EQ(access(("/dev/shm/" + name).c_str(), F_OK), 0);
+  p.kill();
+  ASSERT_TRUE(p.join(10s));
+  EXPECT_TRUE(test_support::eventually([&] { return access(("/dev/shm/" + name).c_str(), F_OK) != 0; }, 10s));
 }
 
 INSTANTIATE_TEST_SUITE_P(StartMethods, SyncTest, test_support::all_start_methods(), test_support::start_method_name);

@@ -27,6 +27,7 @@
 #include <forkpool/runtime/task.hpp>
 #include <forkpool/runtime/when_all.hpp>
 #include <forkpool/shm/dlpack.hpp>
+#include <forkpool/shm/named_memory.hpp>
 #include <forkpool/shm/shared_memory.hpp>
 #include <forkpool/shm/sharing.hpp>
 #include <forkpool/shm/tensor.hpp>
