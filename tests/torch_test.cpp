@@ -1,0 +1,113 @@
+// forkpool-torch: libtorch tensors crossing to real workers as shared memory.
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <vector>
+
+#include <forkpool/forkpool.hpp>
+#include <forkpool/torch.hpp>
+
+namespace forkpool {
+namespace {
+
+using namespace std::chrono_literals;
+namespace fpt = forkpool::torch;
+
+at::Tensor fill_with_sevens(at::Tensor t) {
+  t.fill_(7);
+  return t;
+}
+
+TEST(TorchTest, ASharedTensorCrossesBothWaysWithoutACopy) {
+  Pool pool({.processes = 1});
+  at::Tensor t = fpt::zeros({64, 64});
+  EXPECT_TRUE(fpt::is_shared(t));
+  at::Tensor back = pool.apply_async(fill_with_sevens, t).get();
+  EXPECT_EQ(t.sum().item<float>(), 7.0f * 64 * 64);  // the worker wrote our memory
+  EXPECT_TRUE(fpt::is_shared(back));
+  EXPECT_EQ(back.data_ptr(), t.data_ptr());  // and its result is the same memory again
+}
+
+at::Tensor make_a_view() {
+  at::Tensor base = fpt::empty({4, 6}, at::kDouble);
+  for (int i = 0; i < 24; ++i) base.view({-1})[i] = i;
+  return base.t().slice(0, 1, 4);  // non-contiguous, with a storage offset
+}
+
+TEST(TorchTest, AWorkersResultArrivesWithDtypeShapeStridesAndOffsetIntact) {
+  Pool pool({.processes = 1});
+  at::Tensor got = pool.apply_async(make_a_view).get();
+  at::Tensor expected = ::torch::arange(24, at::kDouble).view({4, 6}).t().slice(0, 1, 4);
+  EXPECT_TRUE(fpt::is_shared(got));
+  EXPECT_EQ(got.scalar_type(), at::kDouble);
+  EXPECT_EQ(got.sizes(), expected.sizes());
+  EXPECT_EQ(got.strides(), expected.strides());
+  EXPECT_EQ(got.storage_offset(), expected.storage_offset());
+  EXPECT_TRUE(::torch::equal(got, expected));
+}
+
+double sum_and_scribble(at::Tensor t) {
+  double sum = t.sum().item<double>();
+  t.fill_(-1);
+  return sum;
+}
+
+TEST(TorchTest, AnOrdinaryTensorIsCopiedOnceAndTheWorkerWritesTheCopy) {
+  Pool pool({.processes = 1});
+  at::Tensor ordinary = ::torch::ones({10});
+  EXPECT_FALSE(fpt::is_shared(ordinary));
+  EXPECT_EQ(pool.apply_async(sum_and_scribble, ordinary).get(), 10.0);
+  EXPECT_EQ(ordinary.sum().item<float>(), 10.0f);
+}
+
+TEST(TorchTest, ShareMemoryMovesTheStorageInPlaceForEveryTensorOnIt) {
+  at::Tensor t = ::torch::arange(12, at::kFloat);
+  at::Tensor view = t.view({3, 4});
+  fpt::share_memory(t);
+  EXPECT_TRUE(fpt::is_shared(t));
+  EXPECT_TRUE(fpt::is_shared(view));
+  EXPECT_EQ(view[2][3].item<float>(), 11.0f);
+  Pool pool({.processes = 1});
+  pool.apply_async(fill_with_sevens, view).get();
+  EXPECT_EQ(t[0].item<float>(), 7.0f);
+}
+
+at::Tensor identity(at::Tensor t) { return t; }
+
+TEST(TorchTest, WhatCannotCrossIsAnErrorBeforeAnythingIsSent) {
+  Pool pool({.processes = 1});
+  auto refused = [&](const at::Tensor& t) -> std::string {
+    try {
+      pool.apply_async(identity, t).get();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "sent";
+  };
+  EXPECT_NE(refused(::torch::ones({2, 2}).to_sparse()).find("sparse"), std::string::npos);
+  EXPECT_NE(refused(::torch::ones({2}, at::kComplexFloat)).find("dtype"), std::string::npos);
+  at::Tensor leaf = ::torch::ones({2}, ::torch::requires_grad());
+  EXPECT_NE(refused(leaf * 2).find("requires grad"), std::string::npos);
+  at::Tensor back = pool.apply_async(identity, leaf).get();  // a leaf crosses with its flag
+  EXPECT_TRUE(back.requires_grad());
+}
+
+void produce(Queue<at::Tensor> q) {
+  for (int i = 0; i < 3; ++i) q.put(fpt::zeros({8}).fill_(i));
+}
+
+TEST(TorchTest, TensorsCrossAQueueFromAnotherProcess) {
+  Queue<at::Tensor> q;
+  Process p = start_process(produce, q);
+  for (int i = 0; i < 3; ++i) {
+    at::Tensor t = q.get();
+    EXPECT_TRUE(fpt::is_shared(t));
+    EXPECT_EQ(t.sum().item<float>(), 8.0f * i);
+  }
+  EXPECT_TRUE(p.join(10s));
+}
+
+}  // namespace
+}  // namespace forkpool

@@ -1,0 +1,152 @@
+#include <forkpool/torch/tensors.hpp>
+
+#include <ATen/ATen.h>
+#include <c10/core/Storage.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <forkpool/runtime/error.hpp>
+#include <forkpool/shm/internal/storage.hpp>
+#include <forkpool/shm/tensor_codec.hpp>
+
+namespace forkpool::torch {
+namespace {
+
+// What a torch storage over forkpool memory keeps alive: the block, given back when the last
+// torch tensor on it goes.
+struct SharedBlock {
+  std::shared_ptr<Storage> storage;
+};
+void let_go(void* block) { delete static_cast<SharedBlock*>(block); }
+
+DType dtype_of(at::ScalarType type) {
+  switch (type) {
+    case at::kByte: return DType::u8;
+    case at::kChar: return DType::i8;
+    case at::kShort: return DType::i16;
+    case at::kInt: return DType::i32;
+    case at::kLong: return DType::i64;
+    case at::kHalf: return DType::f16;
+    case at::kBFloat16: return DType::bf16;
+    case at::kFloat: return DType::f32;
+    case at::kDouble: return DType::f64;
+    case at::kBool: return DType::boolean;
+    default: throw Error(std::string("forkpool-torch: a tensor of dtype ") + c10::toString(type) + " cannot be shared");
+  }
+}
+
+at::ScalarType scalar_type_of(DType dtype) {
+  switch (dtype) {
+    case DType::u8: return at::kByte;
+    case DType::i8: return at::kChar;
+    case DType::i16: return at::kShort;
+    case DType::i32: return at::kInt;
+    case DType::i64: return at::kLong;
+    case DType::f16: return at::kHalf;
+    case DType::bf16: return at::kBFloat16;
+    case DType::f32: return at::kFloat;
+    case DType::f64: return at::kDouble;
+    case DType::boolean: return at::kBool;
+  }
+  throw Error("forkpool-torch: a tensor of an unknown dtype");
+}
+
+void check_shareable(const at::Tensor& tensor) {
+  if (!tensor.defined()) throw Error("forkpool-torch: an undefined tensor cannot cross");
+  if (!tensor.device().is_cpu())
+    throw Error("forkpool-torch: a tensor on " + tensor.device().str() + " cannot cross: only CPU tensors are shared");
+  if (tensor.layout() != at::kStrided) throw Error("forkpool-torch: a sparse tensor cannot cross: to_dense() it first");
+  if (tensor.is_quantized()) throw Error("forkpool-torch: a quantized tensor cannot cross: dequantize() it first");
+  dtype_of(tensor.scalar_type());
+}
+
+c10::DataPtr data_ptr_over(std::shared_ptr<Storage> storage) {
+  std::byte* data = storage->data();
+  return c10::DataPtr(data, new SharedBlock{std::move(storage)}, &let_go, c10::Device(c10::kCPU));
+}
+
+std::vector<std::int64_t> vector_of(at::IntArrayRef values) { return {values.begin(), values.end()}; }
+
+}  // namespace
+
+bool is_shared(const at::Tensor& tensor) {
+  return tensor.defined() && tensor.has_storage() && tensor.storage().data_ptr().get_deleter() == &let_go;
+}
+
+at::Tensor from_forkpool(const Tensor& tensor) {
+  const std::shared_ptr<Storage>& storage = tensor.storage();
+  if (!storage || !storage->is_shared()) throw Error("forkpool-torch: from_forkpool needs a tensor in shared memory");
+  c10::Storage shared(c10::Storage::use_byte_size_t(), storage->size(), data_ptr_over(storage), nullptr, false);
+  at::Tensor out = at::empty({0}, at::TensorOptions().dtype(scalar_type_of(tensor.dtype())));
+  auto element = static_cast<std::int64_t>(element_size(tensor.dtype()));
+  out.set_(shared, tensor.storage_offset() / element, at::IntArrayRef(tensor.shape().data(), tensor.shape().size()),
+           at::IntArrayRef(tensor.strides().data(), tensor.strides().size()));
+  return out;
+}
+
+Tensor to_forkpool(const at::Tensor& tensor) {
+  if (!is_shared(tensor)) throw Error("forkpool-torch: to_forkpool needs a tensor in shared memory (share_memory() it)");
+  auto* block = static_cast<SharedBlock*>(tensor.storage().data_ptr().get_context());
+  auto element = static_cast<std::int64_t>(tensor.element_size());
+  return Tensor::from_storage(block->storage, tensor.storage_offset() * element, vector_of(tensor.sizes()),
+                              vector_of(tensor.strides()), dtype_of(tensor.scalar_type()));
+}
+
+at::Tensor empty(at::IntArrayRef sizes, const c10::TensorOptions& options) {
+  if (!options.device().is_cpu()) throw Error("forkpool-torch: shared tensors live on the CPU");
+  DType dtype = dtype_of(c10::typeMetaToScalarType(options.dtype()));
+  at::Tensor out = from_forkpool(Tensor::empty(vector_of(sizes), dtype));
+  if (options.requires_grad()) out.requires_grad_(true);
+  return out;
+}
+
+at::Tensor zeros(at::IntArrayRef sizes, const c10::TensorOptions& options) {
+  at::Tensor out = empty(sizes, options.requires_grad(false));
+  out.zero_();
+  if (options.requires_grad()) out.requires_grad_(true);
+  return out;
+}
+
+at::Tensor& share_memory(at::Tensor& tensor) {
+  check_shareable(tensor);
+  if (is_shared(tensor)) return tensor;
+  c10::Storage storage = tensor.storage();
+  std::size_t bytes = storage.nbytes();
+  Tensor block = Tensor::empty({static_cast<std::int64_t>(std::max<std::size_t>(bytes, 1))}, DType::u8);
+  if (bytes > 0) std::memcpy(block.raw_data(), storage.data(), bytes);
+  // The storage itself moves: every tensor on it sees shared memory from here on.
+  storage.unsafeGetStorageImpl()->set_data_ptr_noswap(data_ptr_over(block.storage()));
+  return tensor;
+}
+
+}  // namespace forkpool::torch
+
+namespace forkpool {
+
+void codec<at::Tensor>::encode(Writer& w, const at::Tensor& tensor) {
+  torch::check_shareable(tensor);
+  if (tensor.requires_grad() && !tensor.is_leaf())
+    throw Error("forkpool-torch: a non-leaf tensor that requires grad cannot cross (autograd state does not): detach() it");
+  if (torch::is_shared(tensor)) {
+    codec<Tensor>::encode(w, torch::to_forkpool(tensor));
+  } else {  // copied once into shared memory
+    at::Tensor contiguous = tensor.detach().contiguous();
+    Tensor copy = Tensor::empty(torch::vector_of(contiguous.sizes()), torch::dtype_of(contiguous.scalar_type()));
+    if (copy.nbytes() > 0) std::memcpy(copy.raw_data(), contiguous.data_ptr(), copy.nbytes());
+    codec<Tensor>::encode(w, copy);
+  }
+  w.write(static_cast<std::uint8_t>(tensor.requires_grad()));
+}
+
+at::Tensor codec<at::Tensor>::decode(Reader& r) {
+  Tensor tensor = codec<Tensor>::decode(r);
+  bool requires_grad = r.read<std::uint8_t>() != 0;
+  at::Tensor out = torch::from_forkpool(tensor);
+  if (requires_grad) out.requires_grad_(true);
+  return out;
+}
+
+}  // namespace forkpool
