@@ -109,5 +109,21 @@ TEST(TorchTest, TensorsCrossAQueueFromAnotherProcess) {
   EXPECT_TRUE(p.join(10s));
 }
 
+struct Rows {
+  std::size_t size() const { return 6; }
+  at::Tensor get(std::size_t index) const { return ::torch::full({3}, static_cast<double>(index), at::kFloat); }
+};
+
+TEST(TorchTest, ADataLoaderOfTorchSamplesStacksThemIntoSharedBatches) {
+  DataLoader loader(Rows{}, {.batch_size = 4}, &fpt::collate);
+  std::vector<at::Tensor> batches;
+  for (at::Tensor& batch : loader) batches.push_back(batch);
+  ASSERT_EQ(batches.size(), 2u);
+  EXPECT_TRUE(fpt::is_shared(batches[0]));
+  EXPECT_EQ(batches[0].sizes(), (std::vector<std::int64_t>{4, 3}));
+  EXPECT_EQ(batches[1].sizes(), (std::vector<std::int64_t>{2, 3}));
+  EXPECT_EQ(batches[1][1][2].item<float>(), 5.0f);
+}
+
 }  // namespace
 }  // namespace forkpool

@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -120,6 +121,20 @@ at::Tensor& share_memory(at::Tensor& tensor) {
   // The storage itself moves: every tensor on it sees shared memory from here on.
   storage.unsafeGetStorageImpl()->set_data_ptr_noswap(data_ptr_over(block.storage()));
   return tensor;
+}
+
+at::Tensor collate(std::vector<at::Tensor> samples) {
+  if (samples.empty()) throw std::invalid_argument("forkpool-torch: collate: a batch without samples");
+  const at::Tensor& first = samples.front();
+  for (std::size_t i = 1; i < samples.size(); ++i)
+    if (samples[i].scalar_type() != first.scalar_type() || samples[i].sizes() != first.sizes())
+      throw std::invalid_argument("forkpool-torch: collate: sample " + std::to_string(i) +
+                                  " of the batch differs from the first in dtype or shape");
+  std::vector<std::int64_t> sizes{static_cast<std::int64_t>(samples.size())};
+  sizes.insert(sizes.end(), first.sizes().begin(), first.sizes().end());
+  at::Tensor batch = empty(sizes, at::TensorOptions().dtype(first.scalar_type()));
+  for (std::size_t i = 0; i < samples.size(); ++i) batch[static_cast<std::int64_t>(i)].copy_(samples[i]);
+  return batch;
 }
 
 }  // namespace forkpool::torch

@@ -16,6 +16,7 @@
 #include <c10/core/TensorOptions.h>
 
 #include <cstdint>
+#include <vector>
 
 #include <forkpool/ipc/codec.hpp>
 #include <forkpool/shm/tensor.hpp>
@@ -30,6 +31,11 @@ at::Tensor zeros(at::IntArrayRef sizes, const c10::TensorOptions& options = {});
 // as torch's share_memory_(); nothing to do when it is there already. Returns `tensor`.
 at::Tensor& share_memory(at::Tensor& tensor);
 bool is_shared(const at::Tensor& tensor);
+
+// A DataLoader collate for torch::Tensor samples: one batch tensor in shared memory, stacked
+// along a new first dimension (the samples: one dtype and shape, else std::invalid_argument).
+//   forkpool::DataLoader loader(images, {.batch_size = 64}, &forkpool::torch::collate);
+at::Tensor collate(std::vector<at::Tensor> samples);
 
 // The same memory seen the other way: a forkpool Tensor over a shared torch tensor's storage
 // (Error when it is not shared), and a torch tensor over a forkpool Tensor's.
