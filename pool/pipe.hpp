@@ -35,8 +35,8 @@ namespace detail {
 
 // A Connection's end of the socket, shared by the copies of one process.
 struct ConnectionEnd {
-  explicit ConnectionEnd(Channel channel, bool readable, bool writable)
-      : channel(std::move(channel)), readable(readable), writable(writable) {}
+  ConnectionEnd(Channel end, bool can_read, bool can_write)
+      : channel(std::move(end)), readable(can_read), writable(can_write) {}
   Channel channel;
   std::mutex receiving;  // the channel's receive buffer is one per channel
   bool readable, writable;
