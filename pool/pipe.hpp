@@ -55,7 +55,7 @@ class Connection {
  public:
   void send(const T& value) {
     detail::check_connection(*end_, true);
-    Writer item = detail::encode_queue_item([&](Writer& w) { w.write(value); });
+    Writer item = detail::encode_item(value);
     end_->channel.send(kValue, 0, item.bytes(), item.fds());
   }
   // Blocks for the next value. Throws ChannelClosed at the end (see above).
@@ -63,14 +63,14 @@ class Connection {
     detail::check_connection(*end_, false);
     std::lock_guard turn(end_->receiving);
     Message message = end_->channel.receive();
-    return take(message);
+    return detail::decode_item<T>(message);
   }
   // On the calling thread's loop; resumes inside the turn that received the value.
   Task<T> async_recv() {
     auto end = end_;
     detail::check_connection(*end, false);
     Message message = co_await end->channel.async_receive();
-    co_return take(message);
+    co_return detail::decode_item<T>(message);
   }
   // Whether recv() would return (or throw ChannelClosed) without waiting longer than `timeout`.
   bool poll(std::chrono::nanoseconds timeout = std::chrono::nanoseconds::zero()) const {
@@ -88,14 +88,6 @@ class Connection {
   friend struct codec<Connection<T>>;
   static constexpr std::uint16_t kValue = 1;
   explicit Connection(std::shared_ptr<detail::ConnectionEnd> end) : end_(std::move(end)) {}
-  static T take(Message& message) {
-    std::optional<T> value;
-    detail::decode_queue_item(message, [&](Reader& in) {
-      value.emplace(in.read<T>());
-      in.expect_end();
-    });
-    return std::move(*value);
-  }
   std::shared_ptr<detail::ConnectionEnd> end_;
 };
 

@@ -30,6 +30,21 @@ namespace detail {
 Writer encode_queue_item(const std::function<void(Writer&)>& write);
 void decode_queue_item(Message& message, const std::function<void(Reader&)>& read);
 
+// One T as it crosses a queue or a pipe: encoded with its tensors lent, and decoded back.
+template <class T>
+Writer encode_item(const T& item) {
+  return encode_queue_item([&](Writer& w) { w.write(item); });
+}
+template <class T>
+T decode_item(Message& message) {
+  std::optional<T> item;
+  decode_queue_item(message, [&](Reader& in) {
+    item.emplace(in.read<T>());
+    in.expect_end();
+  });
+  return std::move(*item);
+}
+
 // The untyped queue: items as messages on a socketpair (put into one end, got from the other),
 // and, when bounded, one token per free place in a pipe (put takes one, get gives one back).
 // Any thread: puts build a frame each; gets wait with poll() and then take turns to receive.
@@ -150,17 +165,8 @@ class Queue {
  private:
   friend struct codec<Queue<T>>;
 
-  static Writer encode_item(const T& item) {
-    return detail::encode_queue_item([&](Writer& w) { w.write(item); });
-  }
-  static T take(Message& message) {
-    std::optional<T> item;
-    detail::decode_queue_item(message, [&](Reader& in) {
-      item.emplace(in.read<T>());
-      in.expect_end();
-    });
-    return std::move(*item);
-  }
+  static Writer encode_item(const T& item) { return detail::encode_item(item); }
+  static T take(Message& message) { return detail::decode_item<T>(message); }
   static std::optional<T> take_if(std::optional<Message> message) {
     if (!message) return std::nullopt;
     return take(*message);
