@@ -18,8 +18,11 @@
 #include <forkpool/pool/internal/shared_page.hpp>
 #include <forkpool/runtime/internal/errno.hpp>
 #include <forkpool/runtime/internal/io.hpp>
+#include <forkpool/runtime/loop.hpp>
 
 namespace forkpool {
+
+using namespace std::chrono_literals;
 
 // Event: an eventfd whose count is non-zero while set. poll() says readable while it is, so
 // waiting (blocking, or on the loop) never consumes it; clear() reads the count back to zero.
@@ -105,6 +108,10 @@ bool Lock::try_lock_for(std::chrono::nanoseconds timeout) {
   return took(rc);
 }
 
+Task<void> Lock::async_lock() {
+  for (auto pause = 1ms; !try_lock(); pause = std::min(pause * 2, 50ms)) co_await sleep_for(pause);
+}
+
 void Lock::unlock() {
   if (int rc = pthread_mutex_unlock(&page_->as<LockState>()->mutex); rc != 0)
     throw std::system_error(rc, std::generic_category(), "forkpool: Lock::unlock (not held by this thread)");
@@ -121,7 +128,6 @@ std::chrono::steady_clock::time_point deadline_from_now(std::chrono::nanoseconds
 }  // namespace detail
 
 namespace {
-using namespace std::chrono_literals;
 constexpr auto kEndedCheck = 100ms;  // how often a waiter looks for parties that ended
 
 // Holds a primitive's own robust mutex for a scope (its holder dying mid-update is survivable:
@@ -167,6 +173,18 @@ bool Condition::wait_for(std::unique_lock<Lock>& held, std::chrono::nanoseconds 
   }
   held.lock();
   return sequence.load() != seen;
+}
+
+Task<void> Condition::async_wait(std::unique_lock<Lock>& held) {
+  if (!held.owns_lock()) throw std::logic_error("forkpool: Condition::async_wait without its lock held");
+  std::shared_ptr<detail::SharedPage> page = page_;
+  auto& sequence = page->as<ConditionState>()->sequence;
+  std::uint32_t seen = sequence.load();
+  Lock* lock = held.release();
+  lock->unlock();
+  for (auto pause = 1ms; sequence.load() == seen; pause = std::min(pause * 2, 50ms)) co_await sleep_for(pause);
+  co_await lock->async_lock();
+  held = std::unique_lock<Lock>(*lock, std::adopt_lock);
 }
 
 void Condition::notify(int n) {
@@ -225,45 +243,69 @@ Barrier::Barrier(int parties) {
 
 int Barrier::parties() const noexcept { return page_->as<BarrierState>()->parties; }
 
+// Counts this party in; the last one of the round starts the next.
+Barrier::Arrival Barrier::arrive() {
+  BarrierState& state = *page_->as<BarrierState>();
+  PageGuard guard(state.mutex, "forkpool: Barrier::wait");
+  if (state.broken) throw_broken("aborted, or a round before failed (reset() it)");
+  Arrival arrival{state.generation.load(), state.arrived++, false};
+  if (state.arrived == state.parties) {
+    state.arrived = 0;
+    state.waiting.clear();
+    state.generation.fetch_add(1);
+    detail::futex_wake_all(&state.generation);
+    arrival.last = true;
+  } else {
+    state.waiting.add(getpid(), 1);
+  }
+  return arrival;
+}
+
+// The arrival's index once its round is over; nothing while it goes on. Throws
+// BrokenBarrierError when the round broke, or breaks it when the deadline passed or (looking
+// for them when `look_for_ended`) a party that arrived has ended.
+std::optional<int> Barrier::round_over(const Arrival& arrival, std::chrono::steady_clock::time_point deadline,
+                                       bool look_for_ended) {
+  BarrierState& state = *page_->as<BarrierState>();
+  if (state.generation.load() == arrival.generation && std::chrono::steady_clock::now() < deadline && !look_for_ended)
+    return std::nullopt;
+  PageGuard guard(state.mutex, "forkpool: Barrier::wait");
+  if (state.generation.load() != arrival.generation) {
+    if (state.broken_round == arrival.generation + 1) throw_broken("aborted, reset, or a party failed");
+    return arrival.index;
+  }
+  if (std::chrono::steady_clock::now() >= deadline) {
+    break_round(state);
+    throw_broken("a wait timed out");
+  }
+  if (state.waiting.any_ended()) {
+    break_round(state);
+    throw_broken("a party died while the others waited");
+  }
+  return std::nullopt;
+}
+
 int Barrier::wait(std::chrono::nanoseconds timeout) {
   BarrierState& state = *page_->as<BarrierState>();
   auto deadline = detail::deadline_from_now(timeout);
-  std::uint32_t generation;
-  int index;
-  {
-    PageGuard guard(state.mutex, "forkpool: Barrier::wait");
-    if (state.broken) throw_broken("aborted, or a round before failed (reset() it)");
-    generation = state.generation.load();
-    index = state.arrived++;
-    if (state.arrived == state.parties) {
-      state.arrived = 0;
-      state.waiting.clear();
-      state.generation.fetch_add(1);
-      detail::futex_wake_all(&state.generation);
-      return index;
-    }
-    state.waiting.add(getpid(), 1);
-  }
+  Arrival arrival = arrive();
+  if (arrival.last) return arrival.index;
   for (;;) {
-    auto left = deadline - std::chrono::steady_clock::now();
-    if (state.generation.load() == generation && left > 0ns) {
-      detail::futex_wait_for(&state.generation, generation, std::min<std::chrono::nanoseconds>(left, kEndedCheck));
-      if (state.generation.load() == generation && std::chrono::steady_clock::now() < deadline) {
-        PageGuard guard(state.mutex, "forkpool: Barrier::wait");
-        if (state.generation.load() == generation && state.waiting.any_ended()) {
-          break_round(state);
-          throw_broken("a party died while the others waited");
-        }
-      }
-      continue;
-    }
-    PageGuard guard(state.mutex, "forkpool: Barrier::wait");
-    if (state.generation.load() == generation) {  // the deadline came first
-      break_round(state);
-      throw_broken("a wait timed out");
-    }
-    if (state.broken_round == generation + 1) throw_broken("aborted, reset, or a party failed");
-    return index;
+    auto left = std::max<std::chrono::nanoseconds>(deadline - std::chrono::steady_clock::now(), 0ns);
+    detail::futex_wait_for(&state.generation, arrival.generation, std::min<std::chrono::nanoseconds>(left, kEndedCheck));
+    bool slice_ended = state.generation.load() == arrival.generation;  // nobody woke us: look for the dead
+    if (std::optional<int> index = round_over(arrival, deadline, slice_ended)) return *index;
+  }
+}
+
+Task<int> Barrier::async_wait() {
+  Barrier self = *this;  // this handle may go first
+  Arrival arrival = self.arrive();
+  if (arrival.last) co_return arrival.index;
+  auto never = std::chrono::steady_clock::time_point::max();
+  for (auto pause = 1ms;; pause = std::min(pause * 2, 50ms)) {
+    co_await sleep_for(pause);
+    if (std::optional<int> index = self.round_over(arrival, never, pause == 50ms)) co_return *index;
   }
 }
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 
 #include <forkpool/ipc/codec.hpp>
 #include <forkpool/runtime/error.hpp>
@@ -55,6 +56,9 @@ class Lock {
   bool try_lock();
   // As lock(), but gives up after `timeout`: false, not held.
   bool try_lock_for(std::chrono::nanoseconds timeout);
+  // On the calling thread's loop (whose thread then holds it): tries again after pauses that
+  // grow from 1 ms to 50 ms, for waits of milliseconds and more. This handle must outlive it.
+  Task<void> async_lock();
   void unlock();
   // Whether the last lock()/try_lock() through this handle took the lock from a holder that died.
   // What that holder guarded may be half-updated.
@@ -120,6 +124,9 @@ class Condition {
     }
     return true;
   }
+  // On the calling thread's loop: as wait(), looking for a notify after pauses that grow from
+  // 1 ms to 50 ms; `held` must stay alive until it completes.
+  Task<void> async_wait(std::unique_lock<Lock>& held);
   void notify(int n = 1);
   void notify_all();
 
@@ -146,6 +153,9 @@ class Barrier {
   // BrokenBarrierError when the barrier is or becomes broken while waiting; a wait that times out
   // breaks it (as Python's).
   int wait(std::chrono::nanoseconds timeout = detail::kForever);
+  // On the calling thread's loop: as wait(), looking for the round's end after pauses that grow
+  // from 1 ms to 50 ms.
+  Task<int> async_wait();
   // Breaks the barrier: waiting parties and later waits throw BrokenBarrierError until reset().
   void abort();
   // Back to empty and not broken; parties waiting now throw BrokenBarrierError.
@@ -157,6 +167,13 @@ class Barrier {
  private:
   friend struct codec<Barrier>;
   explicit Barrier(std::shared_ptr<detail::SharedPage> page) : page_(std::move(page)) {}
+  struct Arrival {
+    std::uint32_t generation;
+    int index;
+    bool last;
+  };
+  Arrival arrive();
+  std::optional<int> round_over(const Arrival& arrival, std::chrono::steady_clock::time_point deadline, bool look_for_ended);
   std::shared_ptr<detail::SharedPage> page_;
 };
 

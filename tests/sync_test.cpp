@@ -524,6 +524,50 @@ TEST_P(SyncTest, ABlockWhoseOnlyUserIsKilledLeavesNothingInDevShm) {
   EXPECT_TRUE(test_support::eventually([&] { return access(("/dev/shm/" + name).c_str(), F_OK) != 0; }, 10s));
 }
 
+void hold_briefly(Lock lock, Event held) {
+  lock.lock();
+  held.set();
+  std::this_thread::sleep_for(100ms);
+  lock.unlock();
+}
+
+void notify_later(Condition condition, Event flag) {
+  std::this_thread::sleep_for(50ms);
+  std::unique_lock held(condition.get_lock());
+  flag.set();
+  condition.notify_all();
+}
+
+TEST(AsyncWaitTest, LockBarrierAndConditionWaitOnTheLoop) {
+  Lock lock;
+  Event held;
+  Process holder = start_process(hold_briefly, lock, held);
+  ASSERT_TRUE(held.wait(10s));
+  EXPECT_FALSE(lock.try_lock());
+  run(lock.async_lock());
+  lock.unlock();
+  EXPECT_TRUE(holder.join(10s));
+
+  Barrier barrier(2);
+  Queue<int> report;
+  Process party = start_process(arrive, barrier, report);
+  int mine = run(barrier.async_wait());
+  int theirs = report.get();
+  EXPECT_EQ(mine + theirs, 1);  // indices 0 and 1
+  EXPECT_TRUE(party.join(10s));
+
+  Condition condition;
+  Event flag;
+  Process notifier = start_process(notify_later, condition, flag);
+  auto body = [&]() -> Task<bool> {
+    std::unique_lock waiting(condition.get_lock());
+    while (!flag.is_set()) co_await condition.async_wait(waiting);
+    co_return waiting.owns_lock();
+  };
+  EXPECT_TRUE(run(body()));
+  EXPECT_TRUE(notifier.join(10s));
+}
+
 INSTANTIATE_TEST_SUITE_P(StartMethods, SyncTest, test_support::all_start_methods(), test_support::start_method_name);
 
 }  // namespace
