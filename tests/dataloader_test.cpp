@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <numeric>
 #include <set>
@@ -258,6 +259,43 @@ TEST(DataLoaderTest, OptionsOutOfRangeAreRefusedNamingTheField) {
   EXPECT_NE(refused({.num_workers = -1}).find("num_workers"), std::string::npos);
   EXPECT_NE(refused({.prefetch_factor = 0}).find("prefetch_factor"), std::string::npos);
   EXPECT_NE(refused({.rank = 2, .world_size = 2}).find("rank"), std::string::npos);
+}
+
+// How many samples the workers have started making, counted across processes.
+struct Started {
+  std::atomic<int> count;
+};
+struct CountedSlowly {
+  std::size_t size() const { return 40; }
+  int get(std::size_t index) const {
+    test_support::shared_across_forks<Started>().count.fetch_add(1);
+    return static_cast<int>(index);
+  }
+};
+
+TEST(DataLoaderTest, PrefetchFactorBoundsTheBatchesInFlight) {
+  test_support::shared_across_forks<Started>().count.store(0);
+  DataLoader loader(CountedSlowly{}, {.batch_size = 1, .num_workers = 2, .prefetch_factor = 3});
+  Stream<std::vector<int>> epoch = loader.epoch();
+  ASSERT_TRUE(run(epoch.next()));
+  std::this_thread::sleep_for(300ms);  // the workers would make every batch if nothing bounded them
+  int started = test_support::shared_across_forks<Started>().count.load();
+  EXPECT_GE(started, 6);
+  EXPECT_LE(started, 7);  // 2 workers × 3 in flight, and one more for the batch handed out
+}
+
+TEST(DataLoaderTest, AConsumerThatBreaksOutEarlyLeavesNoWorkerBehind) {
+  {
+    DataLoader loader(Numbers{1000}, {.batch_size = 2, .num_workers = 2});
+    int seen = 0;
+    for (std::vector<int>& batch : loader) {
+      (void)batch;
+      if (++seen == 3) break;
+    }
+    EXPECT_EQ(seen, 3);
+  }
+  EXPECT_TRUE(test_support::eventually([] { return test_support::children_named("forkpool-worker-0").empty(); }));
+  EXPECT_TRUE(test_support::eventually([] { return test_support::children_named("forkpool-worker-1").empty(); }));
 }
 
 int square(int x) { return x * x; }
