@@ -1,5 +1,6 @@
 #include <forkpool/pool/sync.hpp>
 
+#include <linux/futex.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sys/eventfd.h>
@@ -106,6 +107,13 @@ bool Lock::try_lock_for(std::chrono::nanoseconds timeout) {
   timespec deadline{static_cast<time_t>(when.tv_sec), static_cast<long>(when.tv_nsec)};
   int rc = pthread_mutex_clocklock(&page_->as<LockState>()->mutex, CLOCK_MONOTONIC, &deadline);
   return took(rc);
+}
+
+bool Lock::locked() const noexcept {
+  // The futex word of glibc's robust mutex holds the owner's thread id; the kernel clears it
+  // when the owner dies (and sets FUTEX_OWNER_DIED).
+  auto& word = page_->as<LockState>()->mutex.__data.__lock;
+  return (std::atomic_ref<int>(word).load() & FUTEX_TID_MASK) != 0;
 }
 
 Task<void> Lock::async_lock() {

@@ -60,6 +60,9 @@ class Lock {
   // grow from 1 ms to 50 ms, for waits of milliseconds and more. This handle must outlive it.
   Task<void> async_lock();
   void unlock();
+  // Whether some thread of some process holds it now (a holder that died does not), as
+  // Python's Lock.locked(): a glance, stale as soon as it returns.
+  bool locked() const noexcept;
   // Whether the last lock()/try_lock() through this handle took the lock from a holder that died.
   // What that holder guarded may be half-updated.
   bool previous_owner_died() const noexcept { return previous_owner_died_; }

@@ -538,6 +538,21 @@ void notify_later(Condition condition, Event flag) {
   condition.notify_all();
 }
 
+void report_locked(Lock lock, Queue<int> report) { report.put(lock.locked() ? 1 : 0); }
+
+TEST(LockTest, LockedSaysWhetherAnyProcessHoldsIt) {
+  Lock lock;
+  Queue<int> report;
+  EXPECT_FALSE(lock.locked());
+  lock.lock();
+  EXPECT_TRUE(lock.locked());
+  Process p = start_process(report_locked, lock, report);
+  EXPECT_EQ(report.get(), 1);
+  EXPECT_TRUE(p.join(10s));
+  lock.unlock();
+  EXPECT_FALSE(lock.locked());
+}
+
 TEST(AsyncWaitTest, LockBarrierAndConditionWaitOnTheLoop) {
   Lock lock;
   Event held;
