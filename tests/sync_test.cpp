@@ -39,10 +39,11 @@ class SyncTest : public ::testing::TestWithParam<StartMethod> {
   ProcessOptions options() { return {.start_method = GetParam()}; }
 };
 
-void enter_the_section(Semaphore slots, Queue<int> log) {
+void enter_the_section(Semaphore slots, Queue<int> log, Barrier all_started) {
+  all_started.wait();  // the four contend at once, however slowly each started
   slots.acquire();
   log.put(+1);
-  std::this_thread::sleep_for(60ms);
+  std::this_thread::sleep_for(200ms);
   log.put(-1);
   slots.release();
 }
@@ -50,8 +51,10 @@ void enter_the_section(Semaphore slots, Queue<int> log) {
 TEST_P(SyncTest, ASemaphoreLetsAtMostItsValueIntoTheSectionAtOnce) {
   Semaphore slots(2);
   Queue<int> log;
+  Barrier all_started(5);
   std::vector<Process> processes;
-  for (int i = 0; i < 4; ++i) processes.push_back(start_process(options(), enter_the_section, slots, log));
+  for (int i = 0; i < 4; ++i) processes.push_back(start_process(options(), enter_the_section, slots, log, all_started));
+  all_started.wait(20s);
   int inside = 0, most = 0;
   for (int i = 0; i < 8; ++i) {
     inside += log.get();
