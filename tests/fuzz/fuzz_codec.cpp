@@ -20,7 +20,10 @@
 #include <forkpool/ipc/codec.hpp>
 #include <forkpool/ipc/internal/memfd.hpp>
 #include <forkpool/pool/internal/peer_memory.hpp>
+#include <forkpool/pool/pipe.hpp>
 #include <forkpool/pool/queue.hpp>
+#include <forkpool/pool/semaphore.hpp>
+#include <forkpool/pool/shared_value.hpp>
 #include <forkpool/pool/sync.hpp>
 #include <forkpool/shm/tensor_codec.hpp>
 
@@ -80,7 +83,8 @@ void try_peer_message(std::span<const std::byte> bytes, bool release) {
   }
 }
 
-// Queues, events, locks and barriers received with a descriptor of every kind attached (a sealed
+// Queues, pipes, events, locks, semaphores, conditions, barriers and shared values received with
+// a descriptor of every kind attached (a sealed
 // page, an unsealed memfd, a socket, a pipe, an eventfd): the wrong kind is a ProtocolError.
 struct Descriptors {
   std::vector<int> fds;
@@ -132,7 +136,7 @@ void try_queue_item(std::span<const std::byte> bytes) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size == 0) return 0;
   auto bytes = std::as_bytes(std::span(data + 1, size - 1));
-  switch (data[0] % 22) {
+  switch (data[0] % 30) {
     case 0: try_decode<int>(bytes); break;
     case 1: try_decode<bool>(bytes); break;
     case 2: try_decode<std::string>(bytes); break;
@@ -160,6 +164,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     case 19: try_decode_with_descriptors<fp::Lock>(bytes); break;
     case 20: try_decode_with_descriptors<fp::Barrier>(bytes); break;
     case 21: try_queue_item(bytes); break;
+    case 22: try_decode_with_descriptors<fp::RLock>(bytes); break;
+    case 23: try_decode_with_descriptors<fp::Semaphore>(bytes); break;
+    case 24: try_decode_with_descriptors<fp::BoundedSemaphore>(bytes); break;
+    case 25: try_decode_with_descriptors<fp::Condition>(bytes); break;
+    case 26: try_decode_with_descriptors<fp::JoinableQueue<int>>(bytes); break;
+    case 27: try_decode_with_descriptors<fp::Connection<int>>(bytes); break;
+    case 28: try_decode_with_descriptors<fp::Value<double>>(bytes); break;
+    case 29: try_decode_with_descriptors<fp::Array<std::int32_t>>(bytes); break;
   }
   return 0;
 }
