@@ -135,7 +135,7 @@ class DataLoader {
       pool_ = std::make_unique<Pool>(pool_options());
     }
     auto window = static_cast<std::size_t>(options_.num_workers) * static_cast<std::size_t>(options_.prefetch_factor);
-    return pool_->make_stream(&load, std::move(batches), 1, options_.in_order, window);
+    return pool_->make_stream(&load, std::move(batches), 1, options_.in_order, window, /*bound_unconsumed=*/true);
   }
 
   // The next epoch, in plain code: for (Batch& batch : loader) ...

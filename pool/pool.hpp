@@ -125,10 +125,11 @@ void connect_cancel(ResultState<R>& state, const std::shared_ptr<PoolCore>& core
 template <class F, class Element, bool Spread, class View>
 class RangeStream final : public StreamState<NonVoid<CallResult<F, Element, Spread>>> {
  public:
-  // window 0: two chunks per worker.
-  RangeStream(std::shared_ptr<PoolCore> core, F f, View view, std::size_t chunksize, bool ordered, std::size_t window)
+  // window 0: two chunks per worker, running (see StreamState for bound_unconsumed).
+  RangeStream(std::shared_ptr<PoolCore> core, F f, View view, std::size_t chunksize, bool ordered, std::size_t window,
+              bool bound_unconsumed)
       : StreamState<NonVoid<CallResult<F, Element, Spread>>>(
-            ordered, window > 0 ? window : 2 * static_cast<std::size_t>(core->processes())),
+            ordered, window > 0 ? window : 2 * static_cast<std::size_t>(core->processes()), bound_unconsumed),
         core_(std::move(core)), f_(f), view_(std::move(view)), it_(std::ranges::begin(view_)),
         chunksize_(std::max<std::size_t>(chunksize, 1)) {
     if constexpr (std::ranges::sized_range<View>) this->set_known_total(std::ranges::size(view_));
@@ -317,7 +318,8 @@ class Pool {
   }
 
   template <class F, class Range>
-  auto make_stream(F f, Range&& inputs, std::size_t chunksize, bool ordered, std::size_t window = 0) {
+  auto make_stream(F f, Range&& inputs, std::size_t chunksize, bool ordered, std::size_t window = 0,
+                   bool bound_unconsumed = false) {
     detail::check_sendable<F>();
     core_->check_owner("Pool::imap");
     using Owned = decltype(detail::owned_input(std::forward<Range>(inputs)));
@@ -325,7 +327,7 @@ class Pool {
     using Element = std::ranges::range_value_t<View>;
     using W = detail::NonVoid<detail::CallResult<F, Element, false>>;
     auto state = std::make_shared<detail::RangeStream<F, Element, false, View>>(
-        core_, f, std::views::all(detail::owned_input(std::forward<Range>(inputs))), chunksize, ordered, window);
+        core_, f, std::views::all(detail::owned_input(std::forward<Range>(inputs))), chunksize, ordered, window, bound_unconsumed);
     state->start();  // work starts at the call, as Python's imap
     return Stream<W>(std::move(state));
   }

@@ -265,23 +265,28 @@ TEST(DataLoaderTest, OptionsOutOfRangeAreRefusedNamingTheField) {
 struct Started {
   std::atomic<int> count;
 };
-struct CountedSlowly {
+// Sample 0 is slow: the others finish first and wait for their turn.
+struct SlowFirst {
   std::size_t size() const { return 40; }
   int get(std::size_t index) const {
     test_support::shared_across_forks<Started>().count.fetch_add(1);
+    if (index == 0) std::this_thread::sleep_for(300ms);
     return static_cast<int>(index);
   }
 };
 
-TEST(DataLoaderTest, PrefetchFactorBoundsTheBatchesInFlight) {
+TEST(DataLoaderTest, PrefetchFactorBoundsTheBatchesMadeAheadOfTheConsumer) {
   test_support::shared_across_forks<Started>().count.store(0);
-  DataLoader loader(CountedSlowly{}, {.batch_size = 1, .num_workers = 2, .prefetch_factor = 3});
+  DataLoader loader(SlowFirst{}, {.batch_size = 1, .num_workers = 2, .prefetch_factor = 3});
   Stream<std::vector<int>> epoch = loader.epoch();
-  ASSERT_TRUE(run(epoch.next()));
-  std::this_thread::sleep_for(300ms);  // the workers would make every batch if nothing bounded them
-  int started = test_support::shared_across_forks<Started>().count.load();
-  EXPECT_GE(started, 6);
-  EXPECT_LE(started, 7);  // 2 workers × 3 in flight, and one more for the batch handed out
+  int handed_out = 0, most_ahead = 0;
+  for (int i = 0; i < 12; ++i) {
+    ASSERT_EQ(*run(epoch.next()), std::vector<int>{i});
+    ++handed_out;
+    most_ahead = std::max(most_ahead, test_support::shared_across_forks<Started>().count.load() - handed_out);
+  }
+  EXPECT_LE(most_ahead, 6);  // 2 workers × 3
+  EXPECT_GE(most_ahead, 1);
 }
 
 TEST(DataLoaderTest, AConsumerThatBreaksOutEarlyLeavesNoWorkerBehind) {

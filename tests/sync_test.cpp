@@ -527,10 +527,11 @@ TEST_P(SyncTest, ABlockWhoseOnlyUserIsKilledLeavesNothingInDevShm) {
   EXPECT_TRUE(test_support::eventually([&] { return access(("/dev/shm/" + name).c_str(), F_OK) != 0; }, 10s));
 }
 
-void hold_briefly(Lock lock, Event held) {
+void hold_until_told(Lock lock, Event held, Event release) {
   lock.lock();
   held.set();
-  std::this_thread::sleep_for(100ms);
+  release.wait();
+  std::this_thread::sleep_for(50ms);  // while the parent waits on its loop
   lock.unlock();
 }
 
@@ -558,10 +559,11 @@ TEST(LockTest, LockedSaysWhetherAnyProcessHoldsIt) {
 
 TEST(AsyncWaitTest, LockBarrierAndConditionWaitOnTheLoop) {
   Lock lock;
-  Event held;
-  Process holder = start_process(hold_briefly, lock, held);
+  Event held, release;
+  Process holder = start_process(hold_until_told, lock, held, release);
   ASSERT_TRUE(held.wait(10s));
   EXPECT_FALSE(lock.try_lock());
+  release.set();
   run(lock.async_lock());
   lock.unlock();
   EXPECT_TRUE(holder.join(10s));

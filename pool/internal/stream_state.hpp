@@ -27,7 +27,11 @@ class StreamState : public JobSink {
   // other workers idle (head-of-line blocking), and memory stays bounded.
   static constexpr std::size_t kReorderLimit = 1024;
 
-  StreamState(bool ordered, std::size_t window) : ordered_(ordered), window_(window) {}
+  // bound_unconsumed: the window bounds the chunks submitted and not yet handed out (results
+  // waiting for their turn included), as a DataLoader's prefetch_factor does: memory stays within
+  // the window, at the price of head-of-line blocking behind a slow chunk.
+  StreamState(bool ordered, std::size_t window, bool bound_unconsumed = false)
+      : ordered_(ordered), bound_unconsumed_(bound_unconsumed), window_(window) {}
 
   // Items finished (or failed) so far, of how many: the total is known once the input is read.
   Progress progress() const {
@@ -135,7 +139,7 @@ class StreamState : public JobSink {
   };
 
   void fill_window() {
-    while (!exhausted_ && running_ < window_ && in_flight_ - running_ < kReorderLimit) {
+    while (!exhausted_ && (bound_unconsumed_ ? in_flight_ : running_) < window_ && in_flight_ - running_ < kReorderLimit) {
       bool submitted;
       try {
         submitted = submit_chunk(next_chunk_);
@@ -188,6 +192,7 @@ class StreamState : public JobSink {
   }
 
   bool ordered_;
+  bool bound_unconsumed_;
   std::size_t window_;
   std::size_t next_chunk_ = 0;     // next chunk of input to submit
   std::size_t next_to_yield_ = 0;  // ordered: next chunk to hand out
