@@ -149,7 +149,7 @@ bool QueueCore::put(const Writer& item, Deadline deadline) {
       if (try_take_token()) break;
       return false;
     }
-    auto until = now + kAbandonedTakeCheck;
+    auto until = now + kEndedHolderCheck;
     if (!wait_for_fd(tokens_out_.get(), POLLIN, deadline ? std::min(until, *deadline) : until, "forkpool: Queue::put"))
       recover_abandoned_take();
   }
@@ -167,7 +167,7 @@ bool QueueCore::put(const Writer& item, Deadline deadline) {
 Task<void> QueueCore::async_put(Writer item) {
   check_open();
   while (!try_take_token()) {
-    IoOptions options{.deadline = Clock::now() + kAbandonedTakeCheck};
+    IoOptions options{.deadline = Clock::now() + kEndedHolderCheck};
     int rc = co_await wait_readable(tokens_out_.get(), options);
     if (rc == -ETIMEDOUT) recover_abandoned_take();
     else if (rc < 0) throw std::system_error(-rc, std::generic_category(), "forkpool: Queue::async_put");
@@ -221,7 +221,7 @@ bool QueueCore::join_tasks(Deadline deadline) {
     if (unfinished == 0) return true;
     auto now = std::chrono::steady_clock::now();
     if (deadline && now >= *deadline) return false;
-    auto slice = deadline ? std::min<std::chrono::nanoseconds>(kAbandonedTakeCheck, *deadline - now) : kAbandonedTakeCheck;
+    auto slice = deadline ? std::min<std::chrono::nanoseconds>(kEndedHolderCheck, *deadline - now) : kEndedHolderCheck;
     futex_wait_for(&state.unfinished, unfinished, slice);
     if (state.unfinished.load() != 0) settle_ended_consumers();
   }

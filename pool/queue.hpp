@@ -106,8 +106,7 @@ class QueueCore {
   void end_take();
   // After a consumer died holding the turn: its place back, if it had taken its item.
   void settle_abandoned_take();
-  // A producer waiting for a place looks this often for a take that a dead consumer left.
-  static constexpr std::chrono::milliseconds kAbandonedTakeCheck{100};
+  // A producer waiting for a place looks every kEndedHolderCheck for a take a dead consumer left.
   void recover_abandoned_take();
 
   std::size_t maxsize_;

@@ -8,6 +8,7 @@
 #include <climits>
 #include <stdexcept>
 
+#include <forkpool/pool/internal/fd_wait.hpp>
 #include <forkpool/pool/internal/holders.hpp>
 #include <forkpool/pool/internal/shared_page.hpp>
 #include <forkpool/runtime/loop.hpp>
@@ -27,22 +28,12 @@ struct SemaphoreState {
 static_assert(sizeof(SemaphoreState) <= detail::SharedPage::kSize);
 static_assert(std::atomic<std::int32_t>::is_always_lock_free);
 
-constexpr auto kEndedHolderCheck = 100ms;
-
 SemaphoreState& state_of(detail::SharedPage& page) { return *page.as<SemaphoreState>(); }
 
-class Guard {
+// A holder that died mid-update: at worst a unit is lost or comes back early.
+class Guard : public detail::RobustGuard {
  public:
-  explicit Guard(SemaphoreState& state) : mutex_(state.mutex) {
-    bool holder_died = false;  // mid-update: at worst a unit is lost or comes back early
-    detail::robust_lock_taken(mutex_, pthread_mutex_lock(&mutex_), holder_died, "forkpool: Semaphore");
-  }
-  ~Guard() { pthread_mutex_unlock(&mutex_); }
-  Guard(const Guard&) = delete;
-  Guard& operator=(const Guard&) = delete;
-
- private:
-  pthread_mutex_t& mutex_;
+  explicit Guard(SemaphoreState& state) : RobustGuard(state.mutex, "forkpool: Semaphore") {}
 };
 
 bool take_unit(SemaphoreState& state) {
@@ -64,7 +55,7 @@ void give_back_ended(SemaphoreState& state) {
   detail::futex_wake(&state.value, back);
 }
 
-bool acquire_until(SemaphoreState& state, std::optional<std::chrono::steady_clock::time_point> deadline) {
+bool acquire_until(SemaphoreState& state, detail::Deadline deadline) {
   for (;;) {
     if (take_unit(state)) return true;
     auto now = std::chrono::steady_clock::now();
@@ -72,7 +63,7 @@ bool acquire_until(SemaphoreState& state, std::optional<std::chrono::steady_cloc
       give_back_ended(state);
       return take_unit(state);
     }
-    auto slice = deadline ? std::min<std::chrono::nanoseconds>(kEndedHolderCheck, *deadline - now) : kEndedHolderCheck;
+    auto slice = deadline ? std::min<std::chrono::nanoseconds>(detail::kEndedHolderCheck, *deadline - now) : detail::kEndedHolderCheck;
     detail::futex_wait_for(&state.value, 0, slice);
     if (state.value.load() <= 0) give_back_ended(state);
   }
@@ -95,9 +86,7 @@ Semaphore::Semaphore(int value, bool bounded) {
 void Semaphore::acquire() { acquire_until(state_of(*page_), std::nullopt); }
 
 bool Semaphore::acquire(std::chrono::nanoseconds timeout) {
-  std::optional<std::chrono::steady_clock::time_point> deadline;
-  if (timeout != std::chrono::nanoseconds::max()) deadline = std::chrono::steady_clock::now() + std::max(timeout, 0ns);
-  return acquire_until(state_of(*page_), deadline);
+  return acquire_until(state_of(*page_), detail::deadline_after(timeout));
 }
 
 bool Semaphore::try_acquire() { return acquire(0ns); }

@@ -135,25 +135,7 @@ std::chrono::steady_clock::time_point deadline_from_now(std::chrono::nanoseconds
 }
 }  // namespace detail
 
-namespace {
-constexpr auto kEndedCheck = 100ms;  // how often a waiter looks for parties that ended
-
-// Holds a primitive's own robust mutex for a scope (its holder dying mid-update is survivable:
-// each primitive says how).
-class PageGuard {
- public:
-  PageGuard(pthread_mutex_t& mutex, const char* who) : mutex_(mutex) {
-    bool holder_died = false;
-    detail::robust_lock_taken(mutex_, pthread_mutex_lock(&mutex_), holder_died, who);
-  }
-  ~PageGuard() { pthread_mutex_unlock(&mutex_); }
-  PageGuard(const PageGuard&) = delete;
-  PageGuard& operator=(const PageGuard&) = delete;
-
- private:
-  pthread_mutex_t& mutex_;
-};
-}  // namespace
+using detail::RobustGuard;
 
 // Condition: a sequence number in a shared page, bumped by every notify; a waiter sleeps on it
 // (futex) from the number it saw while it held the lock, so no notify is missed.
@@ -254,7 +236,7 @@ int Barrier::parties() const noexcept { return page_->as<BarrierState>()->partie
 // Counts this party in; the last one of the round starts the next.
 Barrier::Arrival Barrier::arrive() {
   BarrierState& state = *page_->as<BarrierState>();
-  PageGuard guard(state.mutex, "forkpool: Barrier::wait");
+  RobustGuard guard(state.mutex, "forkpool: Barrier::wait");
   if (state.broken) throw_broken("aborted, or a round before failed (reset() it)");
   Arrival arrival{state.generation.load(), state.arrived++, false};
   if (state.arrived == state.parties) {
@@ -277,7 +259,7 @@ std::optional<int> Barrier::round_over(const Arrival& arrival, std::chrono::stea
   BarrierState& state = *page_->as<BarrierState>();
   if (state.generation.load() == arrival.generation && std::chrono::steady_clock::now() < deadline && !look_for_ended)
     return std::nullopt;
-  PageGuard guard(state.mutex, "forkpool: Barrier::wait");
+  RobustGuard guard(state.mutex, "forkpool: Barrier::wait");
   if (state.generation.load() != arrival.generation) {
     if (state.broken_round == arrival.generation + 1) throw_broken("aborted, reset, or a party failed");
     return arrival.index;
@@ -300,7 +282,7 @@ int Barrier::wait(std::chrono::nanoseconds timeout) {
   if (arrival.last) return arrival.index;
   for (;;) {
     auto left = std::max<std::chrono::nanoseconds>(deadline - std::chrono::steady_clock::now(), 0ns);
-    detail::futex_wait_for(&state.generation, arrival.generation, std::min<std::chrono::nanoseconds>(left, kEndedCheck));
+    detail::futex_wait_for(&state.generation, arrival.generation, std::min<std::chrono::nanoseconds>(left, detail::kEndedHolderCheck));
     bool slice_ended = state.generation.load() == arrival.generation;  // nobody woke us: look for the dead
     if (std::optional<int> index = round_over(arrival, deadline, slice_ended)) return *index;
   }
@@ -319,26 +301,26 @@ Task<int> Barrier::async_wait() {
 
 void Barrier::abort() {
   BarrierState& state = *page_->as<BarrierState>();
-  PageGuard guard(state.mutex, "forkpool: Barrier::abort");
+  RobustGuard guard(state.mutex, "forkpool: Barrier::abort");
   break_round(state);
 }
 
 void Barrier::reset() {
   BarrierState& state = *page_->as<BarrierState>();
-  PageGuard guard(state.mutex, "forkpool: Barrier::reset");
+  RobustGuard guard(state.mutex, "forkpool: Barrier::reset");
   if (state.arrived > 0) break_round(state);  // those waiting now fail
   state.broken = 0;
 }
 
 bool Barrier::broken() const {
   BarrierState& state = *page_->as<BarrierState>();
-  PageGuard guard(state.mutex, "forkpool: Barrier::broken");
+  RobustGuard guard(state.mutex, "forkpool: Barrier::broken");
   return state.broken != 0;
 }
 
 int Barrier::n_waiting() const {
   BarrierState& state = *page_->as<BarrierState>();
-  PageGuard guard(state.mutex, "forkpool: Barrier::n_waiting");
+  RobustGuard guard(state.mutex, "forkpool: Barrier::n_waiting");
   return state.arrived;
 }
 

@@ -5,9 +5,13 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
 
 namespace forkpool::detail {
+
+// How often a waiter looks for holders that ended (a wait no living process will end).
+inline constexpr std::chrono::milliseconds kEndedHolderCheck{100};
 
 // Whether process `pid` has ended (gone, or a zombie waiting to be reaped).
 bool process_ended(pid_t pid) noexcept;

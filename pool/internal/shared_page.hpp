@@ -65,4 +65,20 @@ void init_robust_mutex(pthread_mutex_t& mutex, const char* who, bool recursive =
 // what it guarded may be half-updated); false when busy or timed out. Throws on anything else.
 bool robust_lock_taken(pthread_mutex_t& mutex, int result, bool& holder_died, const char* who);
 
+// Holds a primitive's own robust mutex (a few instructions' worth of bookkeeping) for a scope. A
+// holder that died mid-update is survivable: each primitive says how.
+class RobustGuard {
+ public:
+  RobustGuard(pthread_mutex_t& mutex, const char* who) : mutex_(mutex) {
+    bool holder_died = false;
+    robust_lock_taken(mutex_, pthread_mutex_lock(&mutex_), holder_died, who);
+  }
+  ~RobustGuard() { pthread_mutex_unlock(&mutex_); }
+  RobustGuard(const RobustGuard&) = delete;
+  RobustGuard& operator=(const RobustGuard&) = delete;
+
+ private:
+  pthread_mutex_t& mutex_;
+};
+
 }  // namespace forkpool::detail
