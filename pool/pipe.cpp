@@ -4,7 +4,6 @@
 #include <sys/socket.h>
 
 #include <cerrno>
-#include <climits>
 #include <stdexcept>
 
 #include <forkpool/pool/internal/fd_wait.hpp>
@@ -50,12 +49,7 @@ std::vector<int> wait_ready(std::span<const int> fds, std::chrono::nanoseconds t
   for (int fd : fds) polled.push_back({fd, POLLIN, 0});
   detail::Deadline deadline = detail::deadline_after(timeout);
   for (;;) {
-    int ms = -1;
-    if (deadline) {
-      auto left = std::chrono::ceil<std::chrono::milliseconds>(*deadline - std::chrono::steady_clock::now()).count();
-      ms = static_cast<int>(std::clamp<long long>(left, 0, INT_MAX));
-    }
-    int ready = ::poll(polled.data(), polled.size(), ms);
+    int ready = ::poll(polled.data(), polled.size(), detail::poll_timeout(deadline));
     if (ready < 0 && errno == EINTR) continue;
     if (ready < 0) detail::throw_last_errno("forkpool: wait_ready");
     std::vector<int> readable;

@@ -11,5 +11,7 @@ namespace forkpool::detail {
 // Waits until `fd` has `events` (POLLIN, POLLOUT) or `deadline` passes (false). Signals are
 // waited through. Throws std::system_error naming `who`.
 bool wait_for_fd(int fd, short events, Deadline deadline, const char* who);
+// poll(2)'s timeout for `deadline`: -1 for none, else the milliseconds left, rounded up.
+int poll_timeout(Deadline deadline);
 
 }  // namespace forkpool::detail
