@@ -156,20 +156,14 @@ class NodeServer {
   // blocks received here.
   ByteBuffer rebuilt_payload(std::span<const std::byte> body, const std::vector<std::shared_ptr<Storage>>& storages,
                              OutgoingBlocks& blocks, ElementRange& range) {
-    constexpr std::size_t kHead = 2 * sizeof(std::uint64_t), kTrailer = 3 * sizeof(std::uint64_t);
-    if (body.size() < kHead + kTrailer) throw ProtocolError("forkpool::mpi: a task message too short to be one");
+    forkpool::detail::TaskLayout task = forkpool::detail::parse_task(body);
+    auto translated = [&](std::uint64_t address) { return address == 0 ? std::uint64_t{0} : std::uint64_t{objects_.translate(address)}; };
     Writer w;
-    for (std::size_t i = 0; i < 2; ++i) {
-      std::uint64_t address;
-      std::memcpy(&address, body.data() + i * sizeof address, sizeof address);
-      if (address != 0) address = objects_.translate(address);
-      w.write(address);
-    }
-    w.write_bytes(body.data() + kHead, body.size() - kHead);
-    std::memcpy(&range, body.data() + body.size() - kTrailer, kTrailer);
-    if (range.first > range.end || range.end > range.count) throw ProtocolError("forkpool::mpi: a task message's range is not within its chunk");
+    forkpool::detail::write_task_head(w, translated(task.invoker), translated(task.function));
+    w.write_bytes(task.elements.data(), task.elements.size());
+    range = task.range;
     for (const auto& storage : storages) blocks.block_index(storage);
-    blocks.write_table(w);
+    forkpool::detail::write_task_tail(w, range, blocks);
     return std::move(w.buffer());
   }
 

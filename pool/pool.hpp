@@ -58,15 +58,14 @@ class MapSink final : public JobSink {
   }
 
   void chunk_done(std::size_t chunk, const ElementRange& range, Reader& results) override {
-    if (range.count != offsets_[chunk + 1] - offsets_[chunk]) results.fail("a result for a chunk of another size");
-    std::size_t begin = offsets_[chunk] + range.first, size = range.size();
-    expect_result_count(results, size);
+    std::size_t begin = offsets_[chunk], size = range.size();
     if constexpr (Bitwise<W>) {
-      results.read_bytes(slots_.data() + begin, size * sizeof(W));
+      expect_result_count(results, range, offsets_[chunk + 1] - begin);
+      results.read_bytes(slots_.data() + begin + range.first, size * sizeof(W));
+      results.expect_end();
     } else {
-      for (std::size_t i = 0; i < size; ++i) slots_[begin + i] = results.read<W>();
+      read_results<W>(results, range, offsets_[chunk + 1] - begin, [&](std::size_t i, W&& value) { slots_[begin + i] = std::move(value); });
     }
-    results.expect_end();
     remaining_ -= size;
     state_->set_progress(slots_.size() - remaining_, slots_.size());
     if (remaining_ == 0) state_->set_value(take_values());
@@ -98,11 +97,10 @@ template <class R>
 class ApplySink final : public JobSink {
  public:
   explicit ApplySink(std::shared_ptr<ResultState<R>> state) : state_(std::move(state)) {}
-  void chunk_done(std::size_t, const ElementRange&, Reader& results) override {
-    expect_result_count(results, 1);
-    auto value = results.read<NonVoid<R>>();
-    results.expect_end();
-    state_->set_value(std::move(value));
+  void chunk_done(std::size_t, const ElementRange& range, Reader& results) override {
+    std::optional<NonVoid<R>> value;
+    read_results<NonVoid<R>>(results, range, 1, [&](std::size_t, NonVoid<R>&& v) { value.emplace(std::move(v)); });
+    state_->set_value(std::move(*value));
   }
   void chunk_failed(std::size_t, std::exception_ptr error) override { state_->set_error(std::move(error)); }
   bool abandoned() const override { return state_->ready(); }

@@ -485,9 +485,7 @@ bool PoolCoreImpl::send_at_once(Worker& worker, Job& job, std::uint64_t id) {
 // told to load the object first, and translates. Throws Error for code in no object.
 std::vector<const LoadedObject*> PoolCoreImpl::objects_to_introduce(const Worker& worker, const ByteBuffer& payload) {
   std::vector<const LoadedObject*> objects;
-  for (std::size_t at : {std::size_t{0}, sizeof(std::uint64_t)}) {
-    std::uint64_t address = 0;
-    std::memcpy(&address, payload.data() + at, sizeof address);
+  for (std::uint64_t address : task_code_addresses(payload)) {
     if (address == 0) continue;  // a captureless lambda: rebuilt from its type
     auto cached = object_by_address_.find(address);
     if (cached == object_by_address_.end()) cached = object_by_address_.emplace(address, object_at(address)).first;
@@ -577,11 +575,10 @@ void PoolCoreImpl::handle_reply(Worker& worker, Message& message) {
   if (!worker.in_flight.empty()) worker.running_since = Clock::now();  // it has taken up the next
   try {
     if (message.kind == kResultMessage) {
-      auto [release, rest] = split_release(message.payload.bytes());
-      worker.memory->accept_release(release);  // the job still holds what it lent
-      TabledPayload payload = split_block_table(rest);
-      IncomingBlocks blocks = worker.memory->accept_blocks(payload.table);
-      Reader results(payload.body, message.fds, &blocks);
+      ResultLayout result = parse_result(message.payload.bytes());
+      worker.memory->accept_release(result.release);  // the job still holds what it lent
+      IncomingBlocks blocks = worker.memory->accept_blocks(result.results.table);
+      Reader results(result.results.body, message.fds, &blocks);
       job->sink->chunk_done(job->chunk, job->range, results);
       initializer_failures_ = 0;  // a worker that serves proves the initializer can succeed
     } else if (message.kind == kErrorMessage) {

@@ -7,11 +7,45 @@
 
 namespace forkpool::detail {
 
-void write_task_trailer(Writer& w, std::size_t count, const OutgoingBlocks& blocks) {
-  w.write(static_cast<std::uint64_t>(count));
-  w.write(std::uint64_t{0});
-  w.write(static_cast<std::uint64_t>(count));
+namespace {
+
+constexpr std::size_t kTaskHead = 2 * sizeof(std::uint64_t);   // invoker, function
+constexpr std::size_t kTaskRange = 3 * sizeof(std::uint64_t);  // count, first, end
+static_assert(sizeof(ElementRange) == kTaskRange && std::is_trivially_copyable_v<ElementRange>);
+
+}  // namespace
+
+void write_task_head(Writer& w, std::uint64_t invoker, std::uint64_t function) {
+  w.write(invoker);
+  w.write(function);
+}
+
+void write_task_tail(Writer& w, const ElementRange& range, const OutgoingBlocks& blocks) {
+  w.write(range.count);
+  w.write(range.first);
+  w.write(range.end);
   blocks.write_table(w);
+}
+
+TaskLayout parse_task(std::span<const std::byte> body) {
+  if (body.size() < kTaskHead + kTaskRange)
+    throw ProtocolError("forkpool: a task message of " + std::to_string(body.size()) + " bytes is too short");
+  TaskLayout task;
+  std::memcpy(&task.invoker, body.data(), sizeof task.invoker);
+  std::memcpy(&task.function, body.data() + sizeof task.invoker, sizeof task.function);
+  std::memcpy(&task.range, body.data() + body.size() - kTaskRange, kTaskRange);
+  if (task.range.first > task.range.end || task.range.end > task.range.count)
+    throw ProtocolError("forkpool: a task message runs elements [" + std::to_string(task.range.first) + ", " +
+                        std::to_string(task.range.end) + ") of " + std::to_string(task.range.count));
+  task.elements = body.subspan(kTaskHead, body.size() - kTaskHead - kTaskRange);
+  return task;
+}
+
+std::array<std::uint64_t, 2> task_code_addresses(std::span<const std::byte> payload) {
+  if (payload.size() < kTaskHead) throw ProtocolError("forkpool: a task message too short to name its code");
+  std::array<std::uint64_t, 2> addresses;
+  std::memcpy(addresses.data(), payload.data(), kTaskHead);
+  return addresses;
 }
 
 std::shared_ptr<Job> job_part(const std::shared_ptr<Job>& job, std::uint64_t first, std::uint64_t end) {
@@ -22,30 +56,35 @@ std::shared_ptr<Job> job_part(const std::shared_ptr<Job>& job, std::uint64_t fir
   part->payload = root->payload;
   part->range = {root->range.count, first, end};
   part->attempts = job->attempts;
-  std::size_t at = part->payload.size() - root->blocks.table_bytes() - 2 * sizeof(std::uint64_t);
-  std::memcpy(part->payload.data() + at, &first, sizeof first);
-  std::memcpy(part->payload.data() + at + sizeof first, &end, sizeof end);
+  // The range sits just before the block table (write_task_tail).
+  std::size_t at = part->payload.size() - root->blocks.table_bytes() - kTaskRange;
+  std::memcpy(part->payload.data() + at, &part->range, kTaskRange);
   part->whole = std::move(root);
   return part;
 }
 
 TaskCall read_task(Message& task, PeerMemory& memory) {
   TabledPayload payload = split_block_table(task.payload.bytes());
-  constexpr std::size_t kHeader = 2 * sizeof(std::uint64_t);
-  constexpr std::size_t kRange = 3 * sizeof(std::uint64_t);
-  std::span<const std::byte> body = payload.body;
-  if (body.size() < kHeader + kRange)
-    throw ProtocolError("forkpool: a task message of " + std::to_string(task.payload.bytes().size()) + " bytes is too short");
-  ElementRange range;
-  std::memcpy(&range, body.data() + body.size() - kRange, kRange);
-  if (range.first > range.end || range.end > range.count)
-    throw ProtocolError("forkpool: a task message runs elements [" + std::to_string(range.first) + ", " +
-                        std::to_string(range.end) + ") of " + std::to_string(range.count));
-  Reader header(body.first(kHeader));
-  auto invoker = reinterpret_cast<Invoker>(static_cast<std::uintptr_t>(header.read<std::uint64_t>()));
-  auto function = static_cast<std::uintptr_t>(header.read<std::uint64_t>());
-  return {invoker, function, range, body.subspan(kHeader, body.size() - kHeader - kRange),
-          memory.accept_blocks(payload.table)};
+  TaskLayout layout = parse_task(payload.body);
+  return {reinterpret_cast<Invoker>(static_cast<std::uintptr_t>(layout.invoker)),
+          static_cast<std::uintptr_t>(layout.function), layout.range, layout.elements, memory.accept_blocks(payload.table)};
+}
+
+void finish_result(Writer& out, const OutgoingBlocks& blocks, std::span<const std::byte> release) {
+  blocks.write_table(out);
+  append_release(out, release);
+}
+
+ResultLayout parse_result(std::span<const std::byte> payload) {
+  auto [release, rest] = split_release(payload);
+  return {release, split_block_table(rest)};
+}
+
+void expect_result_count(Reader& results, const ElementRange& range, std::size_t chunk_size) {
+  if (range.count != chunk_size) results.fail("a result for a chunk of another size");
+  auto count = results.read<std::uint64_t>();
+  if (count != range.size())
+    results.fail(std::to_string(count) + " results for a chunk of " + std::to_string(range.size()) + " calls");
 }
 
 ObjectRecord record_of(const LoadedObject& object) {
@@ -65,10 +104,5 @@ Writer encode_current_exception() {
   return encode(describe_current_exception());
 }
 
-void expect_result_count(Reader& results, std::size_t expected) {
-  auto count = results.read<std::uint64_t>();
-  if (count != expected)
-    results.fail(std::to_string(count) + " results for a chunk of " + std::to_string(expected) + " calls");
-}
 
 }  // namespace forkpool::detail

@@ -55,7 +55,6 @@ void serve_task(WorkerLink& link, Message& task, PeerMemory& memory, RunningSlot
     Reader arguments(call.elements, task.fds, &call.blocks);
     auto invoker = reinterpret_cast<Invoker>(objects.translate(reinterpret_cast<std::uintptr_t>(call.invoker)));
     invoker(objects.translate(call.function), call.range, arguments, out, running.element);
-    reply.write_table(out);
   } catch (...) {
     if (!spec.process_name.empty()) {
       // A Process: what escaped its function is its end, as in Python.
@@ -71,7 +70,7 @@ void serve_task(WorkerLink& link, Message& task, PeerMemory& memory, RunningSlot
   }
   // The arguments are gone: what only they held goes home with the result.
   call.blocks = IncomingBlocks({});
-  append_release(out, memory.take_release().encode().bytes());
+  finish_result(out, reply, memory.take_release().encode().bytes());
   if (auto introduction = memory.lend(reply))
     link.send(kSlabMessage, 0, introduction->payload.bytes(), introduction->fds);
   link.send(kResultMessage, task.request_id, out.bytes(), out.fds());

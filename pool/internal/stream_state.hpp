@@ -67,21 +67,17 @@ class StreamState : public JobSink {
   void chunk_done(std::size_t chunk, const ElementRange& range, Reader& results) override {
     if (!awaited(chunk)) return;  // failed already
     std::size_t expected = chunk_sizes_.at(chunk);
-    if (range.count != expected) results.fail("a result for a chunk of another size");
-    expect_result_count(results, range.size());
     if (range.size() == expected) {
       Outcome outcome;
       outcome.values.reserve(expected);
-      for (std::size_t i = 0; i < expected; ++i) outcome.values.push_back(results.read<R>());
-      results.expect_end();
+      read_results<R>(results, range, expected, [&](std::size_t, R&& value) { outcome.values.push_back(std::move(value)); });
       arrive(chunk, std::move(outcome));
       return;
     }
     // A part of a chunk whose worker died: the chunk arrives when all its parts have.
     Parts& parts = parts_[chunk];
     parts.values.resize(expected);
-    for (std::uint64_t i = range.first; i < range.end; ++i) parts.values[i] = results.read<R>();
-    results.expect_end();
+    read_results<R>(results, range, expected, [&](std::size_t i, R&& value) { parts.values[i] = std::move(value); });
     if ((parts.filled += range.size()) < expected) return;
     Outcome outcome;
     outcome.values.reserve(expected);

@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <exception>
 #include <cstring>
+#include <array>
 #include <functional>
 #include <iterator>
 #include <span>
@@ -212,9 +213,22 @@ struct Call {
 template <class F, class Element, bool Spread>
 using CallResult = typename Call<F, Element, Spread>::Result;
 
-// Writes the trailer of a task message: the element count, the range [0, count) to run, and
-// the table of the blocks its tensors name.
-void write_task_trailer(Writer& w, std::size_t count, const OutgoingBlocks& blocks);
+// The task message's layout is known here and in task_message.cpp only. A task is written as
+// its head (the two code addresses), its elements, and its tail (the range and the block table).
+void write_task_head(Writer& w, std::uint64_t invoker, std::uint64_t function);
+void write_task_tail(Writer& w, const ElementRange& range, const OutgoingBlocks& blocks);
+
+// A task message's body (its payload without the block table), parsed once. Throws ProtocolError
+// when it is too short or its range is not within its chunk.
+struct TaskLayout {
+  std::uint64_t invoker = 0;
+  std::uint64_t function = 0;  // 0: a captureless lambda, rebuilt from its type
+  std::span<const std::byte> elements;
+  ElementRange range;
+};
+TaskLayout parse_task(std::span<const std::byte> body);
+// The two code addresses at the front of an encoded task payload (invoker, function).
+std::array<std::uint64_t, 2> task_code_addresses(std::span<const std::byte> payload);
 
 // A copy of `job` that runs elements [first, end) of its chunk: the same payload, with the
 // range in its trailer patched, sharing the job's blocks.
@@ -226,8 +240,7 @@ template <class F, class Element, bool Spread, class It, class End>
 std::size_t encode_task(Job& job, F f, It& it, const End& end, std::size_t limit) {
   Writer w(&job.blocks);  // tensors name their blocks in the job's table
   w.buffer() = take_spare_buffer();
-  w.write(static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(&Call<F, Element, Spread>::invoke)));
-  w.write(static_cast<std::uint64_t>(function_bits(f)));
+  write_task_head(w, reinterpret_cast<std::uintptr_t>(&Call<F, Element, Spread>::invoke), function_bits(f));
   std::size_t count = 0;
   if constexpr (Bitwise<Element> && std::contiguous_iterator<It> && std::sized_sentinel_for<End, It> &&
                 std::is_same_v<std::iter_value_t<It>, Element>) {
@@ -238,10 +251,10 @@ std::size_t encode_task(Job& job, F f, It& it, const End& end, std::size_t limit
   } else {
     for (; count < limit && it != end; ++count, ++it) w.write(static_cast<Element>(*it));
   }
-  write_task_trailer(w, count, job.blocks);
+  job.range = {count, 0, count};
+  write_task_tail(w, job.range, job.blocks);
   job.payload = std::move(w.buffer());
   job.attachments = std::move(w.attachments());
-  job.range = {count, 0, count};
   return count;
 }
 
@@ -275,8 +288,25 @@ std::exception_ptr decode_exception(std::span<const std::byte> payload, pid_t wo
   return std::make_exception_ptr(E(std::move(type), std::move(text), worker_pid));
 }
 
-// A result message starts with its number of results, which must be the size of the range the
-// task ran.
-void expect_result_count(Reader& results, std::size_t expected);
+// A result message: [u64 count of results][results...][table of blocks][release][u32 its
+// length]. The invoker writes the count and the results (Call::invoke); finish_result() appends
+// the rest: the table of the blocks the results name, and what the task let go of.
+void finish_result(Writer& out, const OutgoingBlocks& blocks, std::span<const std::byte> release);
+struct ResultLayout {
+  std::span<const std::byte> release;
+  TabledPayload results;  // the count and the results; the table of their blocks
+};
+ResultLayout parse_result(std::span<const std::byte> payload);  // ProtocolError when malformed
+
+// Reads the results of elements `range` of a chunk of `chunk_size` calls, as every sink does:
+// the count must be the range's, each result goes to `store(index in the chunk, R&&)`, and
+// nothing may follow. Throws ProtocolError otherwise.
+void expect_result_count(Reader& results, const ElementRange& range, std::size_t chunk_size);
+template <class R, class Store>
+void read_results(Reader& results, const ElementRange& range, std::size_t chunk_size, Store&& store) {
+  expect_result_count(results, range, chunk_size);
+  for (std::uint64_t i = range.first; i < range.end; ++i) store(static_cast<std::size_t>(i), results.read<R>());
+  results.expect_end();
+}
 
 }  // namespace forkpool::detail
