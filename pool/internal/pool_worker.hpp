@@ -1,0 +1,166 @@
+#pragma once
+// PoolWorker: the parent's side of its conversation with one worker process. It says hello,
+// sends jobs in order (objects to load and new slabs introduced first, through the link's ring
+// or socket), reads the replies and hands each result to its job's sink, and notices the
+// worker's death. It does not know the queue, nor what becomes of a job whose worker died:
+// it tells its WorkerEvents, and the pool core (pool_core.cpp) decides.
+//
+// Everything here runs on the pool's thread, except the release line, which any thread may use.
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <stop_token>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <forkpool/ipc/internal/channel.hpp>
+#include <forkpool/ipc/internal/link.hpp>
+#include <forkpool/ipc/internal/mapping.hpp>
+#include <forkpool/pool/internal/job.hpp>
+#include <forkpool/pool/internal/launcher.hpp>
+#include <forkpool/pool/internal/peer_memory.hpp>
+#include <forkpool/pool/internal/task_message.hpp>
+#include <forkpool/runtime/internal/loaded_objects.hpp>
+#include <forkpool/runtime/internal/one_shot.hpp>
+#include <forkpool/runtime/internal/process.hpp>
+#include <forkpool/runtime/scope.hpp>
+
+namespace forkpool::detail {
+
+class PoolWorker;
+
+// What a PoolWorker tells the pool core. Called on the pool's thread.
+class WorkerEvents {
+ public:
+  // A job left the worker: its sink has its result or its error (`served`: the worker ran it
+  // and answered; false: it could not be sent, or the reply was malformed). The worker may
+  // take another.
+  virtual void job_finished(PoolWorker& worker, bool served) = 0;
+  // The worker is reaped and everything it sent is read. Its jobs still in flight are in
+  // `worker.in_flight()`, for the core to fail or run again.
+  virtual void worker_gone(const std::shared_ptr<PoolWorker>& worker) = 0;
+
+ protected:
+  ~WorkerEvents() = default;
+};
+
+// The task functions' objects, shared by a pool's workers: a function in an object the parent
+// loaded after forking a worker (a plugin dlopen()ed later) is not at that address there, so the
+// worker is told to load the object first.
+class CodeObjects {
+ public:
+  // The objects `task` names that `worker` has not loaded. Throws Error for code in no object.
+  std::vector<const LoadedObject*> to_introduce(const PoolWorker& worker, std::span<const std::byte> task);
+
+ private:
+  std::unordered_map<std::uint64_t, std::optional<LoadedObject>> by_address_;
+};
+
+// What the scheduler (the pool core) notes about a worker; the conversation never reads it.
+struct WorkerSchedule {
+  int assigned = 0;          // jobs given to it (maxtasksperchild)
+  bool retiring = false;     // takes no more jobs (maxtasksperchild reached)
+  Clock::time_point running_since;  // when its oldest job in flight started (task_timeout)
+  std::uint64_t stopped_job = 0;    // killed by us to stop this job (cancel, task_timeout)
+  std::exception_ptr stop_reason;   // why, when the job is still wanted (TimeoutError)
+};
+
+class PoolWorker : public std::enable_shared_from_this<PoolWorker> {
+ public:
+  // What the parent makes for a worker before it starts: its socket, its running slot, its
+  // link's rings and eventfds.
+  struct Start {
+    Channel ours{UniqueFd()};
+    UniqueFd theirs;
+    UniqueFd slot;
+    LinkResources link;
+    Mapping rings;
+    static Start make();
+  };
+
+  PoolWorker(int index, Start& start);
+
+  // Says hello (`hello`, the worker's identity) and starts serving it in `background`. From here
+  // on its death is noticed, also when this throws (the worker is then killed).
+  void begin(std::shared_ptr<WorkerEvents> events, Launcher& launcher, CodeObjects& objects, Scope& background,
+             Start& start, std::span<const std::byte> hello, std::optional<std::chrono::nanoseconds> spin);
+
+  // Sends `job` as request `id`, after the jobs sent before it. A job that cannot be sent fails
+  // alone (job_finished with served false).
+  void send(std::uint64_t id, std::shared_ptr<Job> job);
+  // Tells the worker to exit once it has read what it was sent.
+  void close_write();
+  // Kills the worker; its death is reported as any other.
+  void kill();
+  // The worker broke the protocol: it is killed, the job it ran fails with `error`, and nothing
+  // it sends afterwards is read.
+  void reject(std::exception_ptr error);
+
+  int index() const noexcept { return index_; }
+  pid_t pid() const noexcept { return process_.pid; }
+  const SpawnedWorker& process() const noexcept { return process_; }
+  void set_process(SpawnedWorker process) { process_ = std::move(process); }
+  bool exited() const noexcept { return exited_.is_set(); }
+  bool write_closed() const noexcept { return write_closed_; }
+  const std::exception_ptr& failure() const noexcept { return failure_; }
+  const std::exception_ptr& initializer_error() const noexcept { return initializer_error_; }
+  const ExitStatus& status() const noexcept { return status_; }
+  // Jobs sent and not answered, by request id (ids rise in sending order).
+  std::map<std::uint64_t, std::shared_ptr<Job>>& in_flight() noexcept { return in_flight_; }
+  std::uint64_t last_replied() const noexcept { return last_replied_; }
+  RunningSlot& slot() const noexcept { return *reinterpret_cast<RunningSlot*>(running_slot_.data()); }
+  std::uint64_t spin_polls() const noexcept { return link_->worker_spin_polls(); }
+  bool knows_object(std::uintptr_t base) const { return process_.objects->contains(base) || objects_sent_.contains(base); }
+
+  WorkerSchedule schedule;
+
+ private:
+  // Each background coroutine holds `self`: the worker outlives it.
+  Task<void> serve(std::shared_ptr<PoolWorker> self);
+  Task<void> watch(std::shared_ptr<PoolWorker> self);
+  Task<void> relay_wakes(std::shared_ptr<PoolWorker> self);
+  Task<void> send_outbox(std::shared_ptr<PoolWorker> self);
+  Task<void> send_one(std::shared_ptr<Job> job, std::uint64_t id);
+  bool send_at_once(Job& job, std::uint64_t id);
+  void handle_reply(Message& message);
+  bool deliver(Job& job, Message& message);
+  void send_release_now();
+
+  int index_;
+  SpawnedWorker process_;
+  Channel channel_;
+  std::unique_ptr<ParentLink> link_;  // its messages: the rings, and the socket for descriptors
+  std::stop_source wake_stop_;        // ends the link's watch_wakes() once the worker is gone
+  std::shared_ptr<PeerMemory> memory_ = std::make_shared<PeerMemory>();  // the slabs and blocks we share
+  std::shared_ptr<Channel> release_line_;  // its socket again, for releases sent from any thread
+  Mapping running_slot_;                   // RunningSlot: which job it has taken up
+  std::map<std::uint64_t, std::shared_ptr<Job>> in_flight_;
+  // Jobs to send, in order: a job may rely on a slab an earlier one introduced, and two sends in
+  // flight at once could overtake each other when the socket is full.
+  std::deque<std::pair<std::uint64_t, std::shared_ptr<Job>>> outbox_;
+  bool sending_ = false;
+  bool write_closed_ = false;   // told to exit once idle
+  std::exception_ptr failure_;  // it broke the protocol: why its running job fails
+  std::exception_ptr initializer_error_;  // its initializer threw
+  bool ready_ = false;          // its initializer succeeded: no error can be the initializer's
+  std::uint64_t last_replied_ = 0;  // the highest request id it answered
+  std::set<std::uintptr_t> objects_sent_;  // objects it was told to load
+  ExitStatus status_;
+  OneShot exited_;
+  // Set by begin(); the events are dropped once the worker is gone (they own the workers).
+  std::shared_ptr<WorkerEvents> events_;
+  Launcher* launcher_ = nullptr;
+  CodeObjects* objects_ = nullptr;
+  Scope* background_ = nullptr;
+};
+
+}  // namespace forkpool::detail
