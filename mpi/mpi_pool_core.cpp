@@ -6,7 +6,7 @@
 
 #include <forkpool/mpi/internal/hub.hpp>
 #include <forkpool/mpi/internal/world.hpp>
-#include <forkpool/pool/internal/peer_memory.hpp>
+#include <forkpool/shm/internal/block_table.hpp>
 #include <forkpool/runtime/error.hpp>
 
 namespace forkpool::mpi::detail {

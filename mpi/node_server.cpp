@@ -10,7 +10,7 @@
 #include <forkpool/mpi/internal/polling.hpp>
 #include <forkpool/mpi/internal/protocol.hpp>
 #include <forkpool/mpi/internal/world.hpp>
-#include <forkpool/pool/internal/peer_memory.hpp>
+#include <forkpool/shm/internal/block_table.hpp>
 #include <forkpool/pool/internal/pool_core.hpp>
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/internal/loaded_objects.hpp>

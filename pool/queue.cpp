@@ -15,7 +15,7 @@
 
 #include <forkpool/pool/internal/fd_wait.hpp>
 #include <forkpool/pool/internal/holders.hpp>
-#include <forkpool/pool/internal/queue_memory.hpp>
+#include <forkpool/shm/internal/queue_memory.hpp>
 #include <forkpool/pool/internal/shared_page.hpp>
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/internal/errno.hpp>

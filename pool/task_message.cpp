@@ -2,7 +2,7 @@
 #include <forkpool/runtime/internal/loaded_objects.hpp>
 
 #include <forkpool/ipc/internal/frame.hpp>
-#include <forkpool/pool/internal/peer_memory.hpp>
+#include <forkpool/shm/internal/peer_memory.hpp>
 #include <forkpool/runtime/internal/describe_exception.hpp>
 
 namespace forkpool::detail {

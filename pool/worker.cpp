@@ -13,7 +13,7 @@
 #include <forkpool/ipc/internal/link.hpp>
 #include <forkpool/ipc/internal/mapping.hpp>
 #include <forkpool/ipc/internal/memfd.hpp>
-#include <forkpool/pool/internal/peer_memory.hpp>
+#include <forkpool/shm/internal/peer_memory.hpp>
 #include <forkpool/pool/worker_info.hpp>
 #include <forkpool/shm/sharing.hpp>
 #include <forkpool/shm/internal/storage.hpp>

@@ -25,12 +25,11 @@
 namespace forkpool {
 namespace {
 
-using detail::InodeHash;
 using detail::InodeKey;
 
 // The slabs this process maps, by inode: a slab received again is the same Slab. Under slab_lock().
-std::unordered_map<InodeKey, std::weak_ptr<Slab>, InodeHash>& slabs_by_inode() {
-  static auto* slabs = new std::unordered_map<InodeKey, std::weak_ptr<Slab>, InodeHash>();
+detail::InodeCache<Slab>& slabs_by_inode() {
+  static auto* slabs = new detail::InodeCache<Slab>();
   return *slabs;
 }
 
@@ -91,12 +90,10 @@ std::shared_ptr<Slab> Slab::adopt(UniqueFd fd, std::size_t min_bytes) {
   if (fstat(fd.get(), &st) < 0) throw ProtocolError(std::string("forkpool: slab: fstat failed: ") + strerror(errno));
   {
     std::lock_guard lock(detail::slab_lock());
-    auto it = slabs_by_inode().find(InodeKey{st.st_dev, st.st_ino});
-    if (it != slabs_by_inode().end())
-      if (auto known = it->second.lock()) {
-        if (known->size() < min_bytes) throw ProtocolError("forkpool: a slab is shorter than claimed");
-        return known;
-      }
+    if (auto known = slabs_by_inode().find(InodeKey{st.st_dev, st.st_ino})) {
+      if (known->size() < min_bytes) throw ProtocolError("forkpool: a slab is shorter than claimed");
+      return known;
+    }
   }
   std::size_t size = check_sealed_memfd(fd.get(), st, min_bytes, "forkpool: slab");
   // Its owner reserved every byte (create()); a sparse file would be allocated here by page_in,
@@ -116,7 +113,7 @@ void Slab::remember(const std::shared_ptr<Slab>& slab, const struct stat& st) {
   std::lock_guard lock(detail::slab_lock());
   slab->device_ = st.st_dev;
   slab->inode_ = st.st_ino;
-  slabs_by_inode()[InodeKey{st.st_dev, st.st_ino}] = slab;
+  slabs_by_inode().remember(InodeKey{st.st_dev, st.st_ino}, slab);
   detail::mapped_counters().add(1, static_cast<std::int64_t>(slab->size()), 1);
 }
 
@@ -131,18 +128,17 @@ void Slab::forget_inherited() noexcept {
 void Slab::unmap_inherited() noexcept {
   {
     std::lock_guard lock(detail::slab_lock());
-    for (auto& [key, weak] : slabs_by_inode())
-      if (auto slab = weak.lock()) munmap(slab->data(), slab->size());  // the object itself is never destroyed here
+    // The objects themselves are never destroyed here.
+    slabs_by_inode().for_each_alive([](Slab& slab) { munmap(slab.data(), slab.size()); });
   }
   forget_inherited();
 }
 
 Slab::~Slab() {
-  std::vector<std::weak_ptr<SlabReleaseListener>> listeners;
+  std::vector<std::weak_ptr<ReleaseListener>> listeners;
   {
     std::lock_guard lock(detail::slab_lock());
-    auto it = slabs_by_inode().find(InodeKey{device_, inode_});
-    if (it != slabs_by_inode().end() && it->second.expired()) slabs_by_inode().erase(it);
+    slabs_by_inode().forget_expired(InodeKey{device_, inode_});
     listeners = std::move(listeners_);
     detail::mapped_counters().add(-1, -static_cast<std::int64_t>(size()), -1);
   }
@@ -185,7 +181,7 @@ void Slab::block_released(std::size_t offset) noexcept {
   if (ours) detail::SlabAllocator::instance().give_back(*this, offset);
 }
 
-void Slab::notify_on_release(const std::shared_ptr<SlabReleaseListener>& listener) {
+void Slab::notify_on_release(const std::shared_ptr<ReleaseListener>& listener) {
   std::lock_guard lock(detail::slab_lock());
   std::erase_if(listeners_, [](const auto& weak) { return weak.expired(); });
   listeners_.push_back(listener);

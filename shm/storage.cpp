@@ -33,7 +33,6 @@ struct SegmentHeader {
 static_assert(sizeof(SegmentHeader) == 64);
 constexpr std::size_t kSegmentDataOffset = sizeof(SegmentHeader);
 
-using detail::InodeHash;
 using detail::InodeKey;
 
 // The storages this process maps, by inode: receiving one again reuses the mapping. Tensors
@@ -41,7 +40,7 @@ using detail::InodeKey;
 // taken.
 struct MappedStorages {
   std::mutex mutex;
-  std::unordered_map<InodeKey, std::weak_ptr<Storage>, InodeHash> by_inode;
+  detail::InodeCache<Storage> by_inode;
 
   MappedStorages() {
     pthread_atfork([] { instance().mutex.lock(); }, [] { instance().mutex.unlock(); },
@@ -196,8 +195,7 @@ Storage::~Storage() {
   if (cached_) {
     auto& cache = MappedStorages::instance();
     std::lock_guard lock(cache.mutex);
-    auto it = cache.by_inode.find(InodeKey{device_, inode_});
-    if (it != cache.by_inode.end() && it->second.expired()) cache.by_inode.erase(it);
+    cache.by_inode.forget_expired(InodeKey{device_, inode_});
   }
   // A segment another process shrank would fault where we touch its header: it is unlinked
   // instead, and nobody can count on it any more.
@@ -211,7 +209,7 @@ Storage::~Storage() {
   if (release_) release_();
 }
 
-void Storage::notify_on_release(const std::shared_ptr<StorageReleaseListener>& listener) {
+void Storage::notify_on_release(const std::shared_ptr<ReleaseListener>& listener) {
   std::lock_guard lock(listeners_mutex_);
   std::erase_if(listeners_, [](const auto& weak) { return weak.expired(); });
   listeners_.push_back(listener);
@@ -239,8 +237,7 @@ void Storage::forget_inherited() noexcept {
 std::shared_ptr<Storage> Storage::cached(dev_t device, ino_t inode) {
   auto& cache = MappedStorages::instance();
   std::lock_guard lock(cache.mutex);
-  auto it = cache.by_inode.find(InodeKey{device, inode});
-  return it == cache.by_inode.end() ? nullptr : it->second.lock();
+  return cache.by_inode.find(InodeKey{device, inode});
 }
 
 void Storage::remember(const std::shared_ptr<Storage>& storage, dev_t device, ino_t inode) {
@@ -249,7 +246,7 @@ void Storage::remember(const std::shared_ptr<Storage>& storage, dev_t device, in
   storage->cached_ = true;
   auto& cache = MappedStorages::instance();
   std::lock_guard lock(cache.mutex);
-  cache.by_inode[InodeKey{device, inode}] = storage;
+  cache.by_inode.remember(InodeKey{device, inode}, storage);
 }
 
 }  // namespace forkpool

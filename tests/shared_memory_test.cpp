@@ -1,4 +1,4 @@
-// Shared memory that is recycled (shm/internal/slab.hpp, pool/internal/peer_memory.hpp): tensors
+// Shared memory that is recycled (shm/internal/slab.hpp, shm/internal/peer_memory.hpp): tensors
 // are blocks of slabs mapped once; a slab crosses to a peer once; blocks are lent and come home,
 // and are reused only when no process holds them.
 
@@ -18,7 +18,7 @@
 
 #include <forkpool/ipc/internal/channel.hpp>
 #include <forkpool/ipc/internal/memfd.hpp>
-#include <forkpool/pool/internal/peer_memory.hpp>
+#include <forkpool/shm/internal/peer_memory.hpp>
 #include <forkpool/pool/pool.hpp>
 #include <forkpool/shm/internal/slab_allocator.hpp>
 #include <forkpool/shm/shared_memory.hpp>

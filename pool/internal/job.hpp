@@ -8,7 +8,7 @@
 
 #include <forkpool/ipc/codec.hpp>
 #include <forkpool/ipc/internal/spare_buffers.hpp>
-#include <forkpool/pool/internal/peer_memory.hpp>
+#include <forkpool/shm/internal/block_table.hpp>
 
 namespace forkpool::detail {
 

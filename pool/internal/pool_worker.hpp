@@ -27,7 +27,7 @@
 #include <forkpool/ipc/internal/mapping.hpp>
 #include <forkpool/pool/internal/job.hpp>
 #include <forkpool/pool/internal/launcher.hpp>
-#include <forkpool/pool/internal/peer_memory.hpp>
+#include <forkpool/shm/internal/peer_memory.hpp>
 #include <forkpool/pool/internal/task_message.hpp>
 #include <forkpool/runtime/internal/loaded_objects.hpp>
 #include <forkpool/runtime/internal/one_shot.hpp>

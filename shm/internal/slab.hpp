@@ -4,7 +4,7 @@
 // The process that made a slab owns it: its SlabAllocator hands the blocks out and takes them
 // back, already mapped and paged in. Another process maps a slab the first time a block of it
 // reaches that process and keeps it mapped for as long as the owner keeps the slab; every block of
-// it that crosses after that costs no descriptor, no mmap and no munmap (pool/internal/peer_memory.hpp).
+// it that crosses after that costs no descriptor, no mmap and no munmap (shm/internal/peer_memory.hpp).
 //
 // A process that maps a slab can read and write all of it, not only the blocks it was given:
 // workers run the same program as the parent and are trusted as its threads would be.
@@ -33,11 +33,14 @@ namespace detail {
 class SlabAllocator;
 }
 
-// Told when a slab is unmapped in this process (from the thread that dropped it last).
-class SlabReleaseListener {
+// Lending's bookkeeping (lending.hpp) is told when what it lent or borrowed is let go in this
+// process: a storage released by its last holder, a slab unmapped, each on the thread that
+// dropped it last (any thread). A listener hears only what it asked for (notify_on_release).
+class ReleaseListener {
  public:
-  virtual ~SlabReleaseListener() = default;
-  virtual void slab_released(std::uint64_t slab_id) = 0;
+  virtual ~ReleaseListener() = default;
+  virtual void storage_released(std::uint64_t /*storage_id*/) {}
+  virtual void slab_released(std::uint64_t /*slab_id*/) {}
 };
 
 class Slab : public std::enable_shared_from_this<Slab> {
@@ -77,7 +80,7 @@ class Slab : public std::enable_shared_from_this<Slab> {
   std::shared_ptr<Storage> receive_block(std::size_t offset, std::size_t bytes);
 
   // `listener` is told when this slab is unmapped here (unless it is gone by then).
-  void notify_on_release(const std::shared_ptr<SlabReleaseListener>& listener);
+  void notify_on_release(const std::shared_ptr<ReleaseListener>& listener);
 
  private:
   friend class Storage;
@@ -96,7 +99,7 @@ class Slab : public std::enable_shared_from_this<Slab> {
   dev_t device_ = 0;
   ino_t inode_ = 0;
   std::unordered_map<std::size_t, std::weak_ptr<Storage>> live_;  // by offset; slab_lock()
-  std::vector<std::weak_ptr<SlabReleaseListener>> listeners_;     // slab_lock()
+  std::vector<std::weak_ptr<ReleaseListener>> listeners_;     // slab_lock()
 
   // The owning allocator's bookkeeping, under slab_lock().
   std::size_t block_bytes_ = 0;          // 0: one block of any size (a slab of its own)

@@ -25,13 +25,6 @@
 
 namespace forkpool {
 
-// Told when a storage is released in this process (by the last holder, on any thread).
-class StorageReleaseListener {
- public:
-  virtual ~StorageReleaseListener() = default;
-  virtual void storage_released(std::uint64_t id) = 0;
-};
-
 class Storage {
  public:
   // New shared storage of `bytes`, of the kind the current sharing strategy names. Recycled
@@ -75,7 +68,7 @@ class Storage {
   // takes it over. Throws Error if another process truncated the segment. The segment's name is unlinked when its count of holders reaches zero.
   void add_message_reference();
   // `listener` is told when this storage is released here (unless it is gone by then).
-  void notify_on_release(const std::shared_ptr<StorageReleaseListener>& listener);
+  void notify_on_release(const std::shared_ptr<ReleaseListener>& listener);
 
  private:
   friend class Slab;
@@ -103,7 +96,7 @@ class Storage {
   bool cached_ = false;
   std::uint64_t id_;
   std::mutex listeners_mutex_;  // a storage may be lent by pools on several threads
-  std::vector<std::weak_ptr<StorageReleaseListener>> listeners_;
+  std::vector<std::weak_ptr<ReleaseListener>> listeners_;
 };
 
 }  // namespace forkpool

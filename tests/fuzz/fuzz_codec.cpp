@@ -19,7 +19,7 @@
 
 #include <forkpool/ipc/codec.hpp>
 #include <forkpool/ipc/internal/memfd.hpp>
-#include <forkpool/pool/internal/peer_memory.hpp>
+#include <forkpool/shm/internal/peer_memory.hpp>
 #include <forkpool/pool/pipe.hpp>
 #include <forkpool/pool/queue.hpp>
 #include <forkpool/pool/semaphore.hpp>

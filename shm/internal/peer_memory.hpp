@@ -42,65 +42,12 @@
 #include <forkpool/runtime/internal/unique_fd.hpp>
 #include <forkpool/shm/internal/slab.hpp>
 #include <forkpool/shm/internal/storage.hpp>
-#include <forkpool/shm/internal/storage_conversation.hpp>
+#include <forkpool/shm/internal/block_table.hpp>
+#include <forkpool/shm/internal/lending.hpp>
 
 namespace forkpool::detail {
 
-// One entry of a message's table of blocks, in the sender's terms.
-struct BlockEntry {
-  std::uint64_t slab;
-  std::uint64_t offset;
-  std::uint64_t bytes;
-};
-
-// The blocks one outgoing message carries, in the order first named. The Writer's context; holds
-// the storages until it is dropped (a job keeps it until its result is decoded).
-class OutgoingBlocks final : public StorageConversation {
- public:
-  std::optional<std::uint32_t> block_index(const std::shared_ptr<Storage>& storage) override;
-  std::shared_ptr<Storage> block_at(std::uint32_t) const override { return nullptr; }
-
-  const std::vector<std::shared_ptr<Storage>>& storages() const noexcept { return storages_; }
-  // Appends the table to a message: [slab, offset, bytes]... [u32 number of entries].
-  void write_table(Writer& w) const;
-  // Bytes write_table() appends.
-  std::size_t table_bytes() const noexcept;
-
- private:
-  std::vector<std::shared_ptr<Storage>> storages_;
-  std::unordered_map<const Storage*, std::uint32_t> index_;
-};
-
-// The blocks a received message carries, resolved here: the Reader's context.
-class IncomingBlocks final : public StorageConversation {
- public:
-  explicit IncomingBlocks(std::vector<std::shared_ptr<Storage>> storages) : storages_(std::move(storages)) {}
-  std::optional<std::uint32_t> block_index(const std::shared_ptr<Storage>&) override { return std::nullopt; }
-  std::shared_ptr<Storage> block_at(std::uint32_t index) const override {
-    return index < storages_.size() ? storages_[index] : nullptr;
-  }
-  const std::vector<std::shared_ptr<Storage>>& storages() const noexcept { return storages_; }
-
- private:
-  std::vector<std::shared_ptr<Storage>> storages_;
-};
-
-// A message's payload split from its table of blocks. Throws ProtocolError when the table does not fit.
-struct TabledPayload {
-  std::span<const std::byte> body;
-  std::vector<BlockEntry> table;
-};
-TabledPayload split_block_table(std::span<const std::byte> payload);
-
-// A release may ride at the end of another message (a worker's result: what its task let go of
-// costs no message of its own): [release][u32 its length]. Appends it; and splits it off again
-// (the release, then the rest), throwing ProtocolError when it does not fit.
-void append_release(Writer& w, std::span<const std::byte> release);
-std::pair<std::span<const std::byte>, std::span<const std::byte>> split_release(std::span<const std::byte> payload);
-
-class PeerMemory final : public StorageReleaseListener,
-                         public SlabReleaseListener,
-                         public std::enable_shared_from_this<PeerMemory> {
+class PeerMemory final : public ReleaseListener, public std::enable_shared_from_this<PeerMemory> {
  public:
   PeerMemory();
 
@@ -146,15 +93,8 @@ class PeerMemory final : public StorageReleaseListener,
     std::shared_ptr<Slab> theirs;  // kept mapped until the peer forgets it
     std::weak_ptr<Slab> ours;      // a slab of ours the peer names under its own id
   };
-  struct Lent {
-    std::shared_ptr<Storage> storage;
-    std::uint64_t count = 0;
-  };
-  struct Borrowed {
-    std::uint64_t peer_slab;
-    std::uint64_t offset;
-    std::uint64_t count;
-  };
+  // A block borrowed from the peer goes home over the conversation: no address needed.
+  struct OverTheConversation {};
   void release_due(std::unique_lock<std::mutex>& lock);
 
   pid_t owner_;  // a forked child inherits this object, but what it releases is not the owner's
@@ -162,8 +102,8 @@ class PeerMemory final : public StorageReleaseListener,
   std::unordered_map<std::uint64_t, std::weak_ptr<Slab>> introduced_;  // our slabs the peer knows, by id
   std::unordered_map<std::uint64_t, std::uint64_t> peer_name_;  // our slab id -> the peer's, for its slabs
   std::unordered_map<std::uint64_t, PeerSlab> from_peer_;       // by the peer's slab id
-  std::map<std::pair<std::uint64_t, std::uint64_t>, Lent> lent_;  // by (our slab id, offset)
-  std::unordered_map<std::uint64_t, Borrowed> borrowed_;        // by our storage id
+  LentBlocks lent_;
+  BorrowedBlocks<OverTheConversation> borrowed_;
   Release due_;
   std::function<void(PeerMemory&)> on_release_due_;
 };

@@ -1,7 +1,7 @@
 #pragma once
 // Tensors on queues, recycled: the blocks of a queue item are lent by the process that put it
 // and come home when the process that got it lets go, as between a pool's parent and workers
-// (peer_memory.hpp), but between processes that know nothing of each other.
+// (peer_memory.hpp, lending.hpp), but between processes that know nothing of each other.
 //
 // An item is self-contained, since any consumer may take it: its table names each block by
 // (the owner's slab id, offset, bytes) and carries the slab's descriptor, and the owner's
@@ -28,12 +28,14 @@
 
 #include <forkpool/ipc/codec.hpp>
 #include <forkpool/ipc/internal/frame.hpp>
-#include <forkpool/pool/internal/peer_memory.hpp>
+#include <forkpool/shm/internal/block_table.hpp>
+#include <forkpool/shm/internal/inode_key.hpp>
+#include <forkpool/shm/internal/lending.hpp>
 #include <forkpool/runtime/internal/unique_fd.hpp>
 
 namespace forkpool::detail {
 
-class QueueMemory final : public StorageReleaseListener, public std::enable_shared_from_this<QueueMemory> {
+class QueueMemory final : public ReleaseListener, public std::enable_shared_from_this<QueueMemory> {
  public:
   // This process's (a forked child gets its own).
   static std::shared_ptr<QueueMemory> instance();
@@ -50,27 +52,17 @@ class QueueMemory final : public StorageReleaseListener, public std::enable_shar
   QueueMemory();  // for instance()
 
  private:
-  struct Lent {
-    std::shared_ptr<Storage> storage;
-    std::uint64_t count = 0;
-  };
-  struct Borrowed {
-    std::shared_ptr<UniqueFd> owner;  // its release socket
-    std::uint64_t slab, offset, count = 0;
-  };
-  // Storages whose last hold here ended under mutex_: the caller drops them after unlocking.
-  using Dropped = std::vector<std::shared_ptr<Storage>>;
-  void collect_releases(Dropped& dropped);  // mutex_ held
-  void came_home(std::uint64_t slab, std::uint64_t offset, std::uint64_t count, Dropped& dropped);  // mutex_ held
+  using OwnerSocket = std::shared_ptr<UniqueFd>;  // where a borrowed block goes home
+  void collect_releases(DroppedStorages& dropped);  // mutex_ held
   void send_pending();  // mutex_ held
   std::shared_ptr<UniqueFd> owner_socket(UniqueFd fd);  // mutex_ held
   void keep_mapped(const std::shared_ptr<Slab>& slab);  // mutex_ held
 
   std::mutex mutex_;
   UniqueFd releases_in_, releases_out_;  // consumers send to out (attached to items); we read in
-  std::map<std::pair<std::uint64_t, std::uint64_t>, Lent> lent_;  // by (our slab id, offset)
-  std::unordered_map<std::uint64_t, Borrowed> borrowed_;           // by storage id
-  std::map<ino_t, std::weak_ptr<UniqueFd>> owners_;                // owners' sockets, by inode
+  LentBlocks lent_;
+  BorrowedBlocks<OwnerSocket> borrowed_;
+  InodeCache<UniqueFd> owners_;  // owners' sockets
   std::vector<std::pair<std::shared_ptr<UniqueFd>, std::vector<std::byte>>> pending_;  // releases not yet sent
   std::vector<std::shared_ptr<Slab>> kept_;                        // recently borrowed slabs, oldest first
   std::size_t kept_bytes_ = 0;

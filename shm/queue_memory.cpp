@@ -1,4 +1,4 @@
-#include <forkpool/pool/internal/queue_memory.hpp>
+#include <forkpool/shm/internal/queue_memory.hpp>
 
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -49,18 +49,7 @@ QueueMemory::QueueMemory() {
   releases_out_ = UniqueFd(ends[1]);
 }
 
-void QueueMemory::came_home(std::uint64_t slab, std::uint64_t offset, std::uint64_t count, Dropped& dropped) {
-  auto it = lent_.find({slab, offset});
-  if (it == lent_.end()) return;  // not lent (a confused or hostile consumer): nothing to undo
-  it->second.count -= std::min(count, it->second.count);
-  if (it->second.count > 0) return;
-  // Our hold ends: the block goes home when we drop it too. Not here: a block we borrowed and
-  // forwarded calls storage_released() when it goes, which takes mutex_.
-  dropped.push_back(std::move(it->second.storage));
-  lent_.erase(it);
-}
-
-void QueueMemory::collect_releases(Dropped& dropped) {
+void QueueMemory::collect_releases(DroppedStorages& dropped) {
   std::vector<ReleaseEntry> entries(256);
   for (;;) {
     ssize_t n = recv(releases_in_.get(), entries.data(), entries.size() * sizeof(ReleaseEntry), MSG_DONTWAIT);
@@ -69,12 +58,12 @@ void QueueMemory::collect_releases(Dropped& dropped) {
       return;  // EAGAIN: nothing more
     }
     for (std::size_t i = 0; i < static_cast<std::size_t>(n) / sizeof(ReleaseEntry); ++i)
-      came_home(entries[i].slab, entries[i].offset, entries[i].count, dropped);
+      lent_.came_home(entries[i].slab, entries[i].offset, entries[i].count, dropped);  // false: a confused consumer
   }
 }
 
 void QueueMemory::lend(Writer& item, const OutgoingBlocks& blocks) {
-  Dropped dropped;  // destroyed after the lock is let go
+  DroppedStorages dropped;  // destroyed after the lock is let go
   std::lock_guard lock(mutex_);
   collect_releases(dropped);
   const auto& storages = blocks.storages();
@@ -82,9 +71,7 @@ void QueueMemory::lend(Writer& item, const OutgoingBlocks& blocks) {
     for (const auto& storage : storages) {
       Slab* slab = storage->slab();
       item.write(item.attach_fd(slab->fd(), slab->shared_from_this()));
-      Lent& held = lent_[{slab->id(), storage->slab_offset()}];
-      held.storage = storage;
-      ++held.count;
+      lent_.lend(storage);
     }
     item.write(item.attach_fd(releases_out_.get()));
   }
@@ -97,9 +84,10 @@ std::shared_ptr<UniqueFd> QueueMemory::owner_socket(UniqueFd fd) {
   socklen_t size = sizeof type;
   if (fstat(fd.get(), &st) != 0 || getsockopt(fd.get(), SOL_SOCKET, SO_TYPE, &type, &size) != 0 || type != SOCK_DGRAM)
     broken("the owner's release descriptor is not a datagram socket");
-  if (auto known = owners_[st.st_ino].lock()) return known;
+  InodeKey key{st.st_dev, st.st_ino};
+  if (auto known = owners_.find(key)) return known;
   auto socket = std::make_shared<UniqueFd>(std::move(fd));
-  owners_[st.st_ino] = socket;
+  owners_.remember(key, socket);
   return socket;
 }
 
@@ -133,7 +121,7 @@ IncomingBlocks QueueMemory::borrow(std::span<const std::byte>& payload, std::vec
 
   // Destroyed after the lock is let go, on a throw too: a storage's release takes mutex_.
   std::vector<std::shared_ptr<Storage>> storages;
-  Dropped dropped;
+  DroppedStorages dropped;
   std::lock_guard lock(mutex_);
   send_pending();
   std::shared_ptr<UniqueFd> owner = owner_socket(take(index.back()));
@@ -144,11 +132,9 @@ IncomingBlocks QueueMemory::borrow(std::span<const std::byte>& payload, std::vec
     std::shared_ptr<Storage> storage = slab->receive_block(entry.offset, entry.bytes);
     if (!storage) broken("a block that is not valid in its slab");
     if (slab->owned()) {
-      came_home(slab->id(), entry.offset, 1, dropped);  // our own block, back through the queue
+      lent_.came_home(slab->id(), entry.offset, 1, dropped);  // our own block, back through the queue
     } else {
-      auto [it, first] = borrowed_.try_emplace(storage->id(), Borrowed{owner, entry.slab, entry.offset, 0});
-      ++it->second.count;
-      if (first) storage->notify_on_release(shared_from_this());
+      if (borrowed_.borrow(storage->id(), owner, entry.slab, entry.offset)) storage->notify_on_release(shared_from_this());
       keep_mapped(slab);
     }
     storages.push_back(std::move(storage));
@@ -165,13 +151,12 @@ void QueueMemory::send_pending() {
 
 void QueueMemory::storage_released(std::uint64_t storage_id) {
   std::lock_guard lock(mutex_);
-  auto it = borrowed_.find(storage_id);
-  if (it == borrowed_.end()) return;
-  ReleaseEntry entry{it->second.slab, it->second.offset, it->second.count};
+  auto home = borrowed_.released(storage_id);
+  if (!home) return;
+  ReleaseEntry entry{home->slab, home->offset, home->count};
   std::vector<std::byte> bytes(sizeof entry);
   std::memcpy(bytes.data(), &entry, sizeof entry);
-  pending_.emplace_back(std::move(it->second.owner), std::move(bytes));
-  borrowed_.erase(it);
+  pending_.emplace_back(std::move(home->home), std::move(bytes));
   send_pending();
 }
 

@@ -1,4 +1,4 @@
-#include <forkpool/pool/internal/peer_memory.hpp>
+#include <forkpool/shm/internal/peer_memory.hpp>
 
 #include <cstring>
 #include <string>
@@ -20,52 +20,6 @@ enum IntroductionKind : std::uint64_t { kNewSlab = 0, kYourSlab = 1 };
 constexpr std::size_t kMaxPeerSlabs = 1024;
 
 }  // namespace
-
-std::optional<std::uint32_t> OutgoingBlocks::block_index(const std::shared_ptr<Storage>& storage) {
-  auto [it, fresh] = index_.try_emplace(storage.get(), static_cast<std::uint32_t>(storages_.size()));
-  if (fresh) storages_.push_back(storage);
-  return it->second;
-}
-
-void OutgoingBlocks::write_table(Writer& w) const {
-  for (const auto& storage : storages_) {
-    w.write(storage->slab()->id());
-    w.write(static_cast<std::uint64_t>(storage->slab_offset()));
-    w.write(static_cast<std::uint64_t>(storage->size()));
-  }
-  w.write(static_cast<std::uint32_t>(storages_.size()));
-}
-
-std::size_t OutgoingBlocks::table_bytes() const noexcept {
-  return storages_.size() * sizeof(BlockEntry) + sizeof(std::uint32_t);
-}
-
-TabledPayload split_block_table(std::span<const std::byte> payload) {
-  std::uint32_t count = 0;
-  if (payload.size() < sizeof count) broken("a message of " + std::to_string(payload.size()) + " bytes has no table of blocks");
-  std::memcpy(&count, payload.data() + payload.size() - sizeof count, sizeof count);
-  std::size_t table = std::size_t{count} * sizeof(BlockEntry);
-  if (table > payload.size() - sizeof count)
-    broken("a message claims " + std::to_string(count) + " blocks in " + std::to_string(payload.size()) + " bytes");
-  std::size_t body = payload.size() - sizeof count - table;
-  TabledPayload split{payload.first(body), std::vector<BlockEntry>(count)};
-  if (count > 0) std::memcpy(split.table.data(), payload.data() + body, table);
-  return split;
-}
-
-void append_release(Writer& w, std::span<const std::byte> release) {
-  w.write_bytes(release.data(), release.size());
-  w.write(static_cast<std::uint32_t>(release.size()));
-}
-
-std::pair<std::span<const std::byte>, std::span<const std::byte>> split_release(std::span<const std::byte> payload) {
-  std::uint32_t length = 0;
-  if (payload.size() < sizeof length) broken("a message of " + std::to_string(payload.size()) + " bytes has no release");
-  std::memcpy(&length, payload.data() + payload.size() - sizeof length, sizeof length);
-  if (length > payload.size() - sizeof length) broken("a message claims a release of " + std::to_string(length) + " bytes");
-  std::size_t rest = payload.size() - sizeof length - length;
-  return {payload.subspan(rest, length), payload.first(rest)};
-}
 
 PeerMemory::PeerMemory() : owner_(current_pid()) {}
 
@@ -89,9 +43,7 @@ std::optional<PeerMemory::Introduction> PeerMemory::lend(const OutgoingBlocks& b
         }
       }
       if (peer_name != peer_name_.end()) continue;  // the peer's own block: it holds it already
-      Lent& lent = lent_[{slab.id(), storage->slab_offset()}];
-      if (!lent.storage) lent.storage = storage;
-      ++lent.count;
+      lent_.lend(storage);
     }
   }
   // Outside the lock: the slab takes its own, and its release calls back into ours.
@@ -102,16 +54,12 @@ std::optional<PeerMemory::Introduction> PeerMemory::lend(const OutgoingBlocks& b
 }
 
 void PeerMemory::unlend(const OutgoingBlocks& blocks, const std::optional<Introduction>& introduction) {
-  std::vector<std::shared_ptr<Storage>> dropped;  // destroyed after the lock is let go
+  DroppedStorages dropped;  // destroyed after the lock is let go
   std::lock_guard lock(mutex_);
   if (introduction)
     for (std::uint64_t id : introduction->slab_ids) introduced_.erase(id);
-  for (const auto& storage : blocks.storages()) {
-    auto it = lent_.find({storage->slab()->id(), storage->slab_offset()});
-    if (it == lent_.end() || --it->second.count > 0) continue;
-    dropped.push_back(std::move(it->second.storage));
-    lent_.erase(it);
-  }
+  for (const auto& storage : blocks.storages())  // a block of the peer's own was never lent: no-op
+    lent_.came_home(storage->slab()->id(), storage->slab_offset(), 1, dropped);
 }
 
 void PeerMemory::accept_introduction(std::span<const std::byte> payload, std::span<UniqueFd> fds) {
@@ -176,9 +124,7 @@ IncomingBlocks PeerMemory::accept_blocks(std::span<const BlockEntry> table) {
       bool first;
       {
         std::lock_guard lock(mutex_);
-        auto [it, fresh] = borrowed_.try_emplace(storage->id(), Borrowed{entry.slab, entry.offset, 0});
-        ++it->second.count;
-        first = fresh;
+        first = borrowed_.borrow(storage->id(), {}, entry.slab, entry.offset);
       }
       if (first) storage->notify_on_release(shared_from_this());
     }
@@ -190,18 +136,13 @@ IncomingBlocks PeerMemory::accept_blocks(std::span<const BlockEntry> table) {
 void PeerMemory::accept_release(std::span<const std::byte> payload) {
   auto [released, forgotten] = decode<std::pair<std::vector<std::uint64_t>, std::vector<std::uint64_t>>>(payload);
   if (released.size() % 3 != 0) broken("a release of " + std::to_string(released.size()) + " numbers");
-  std::vector<std::shared_ptr<Storage>> dropped_blocks;  // destroyed after the lock is let go
+  DroppedStorages dropped_blocks;  // destroyed after the lock is let go
   std::vector<std::shared_ptr<Slab>> dropped_slabs;
   std::lock_guard lock(mutex_);
-  for (std::size_t i = 0; i < released.size(); i += 3) {
-    auto it = lent_.find({released[i], released[i + 1]});
-    if (it == lent_.end() || released[i + 2] == 0 || released[i + 2] > it->second.count)
+  for (std::size_t i = 0; i < released.size(); i += 3)
+    if (!lent_.came_home(released[i], released[i + 1], released[i + 2], dropped_blocks))
       broken("the peer releases block " + std::to_string(released[i + 1]) + " of slab " + std::to_string(released[i]) +
              " more often than it was lent");
-    if ((it->second.count -= released[i + 2]) > 0) continue;
-    dropped_blocks.push_back(std::move(it->second.storage));
-    lent_.erase(it);
-  }
   for (std::uint64_t peer_id : forgotten) {
     auto it = from_peer_.find(peer_id);
     if (it == from_peer_.end()) continue;  // a slab we were never told of: nothing to forget
@@ -232,10 +173,10 @@ void PeerMemory::on_release_due(std::function<void(PeerMemory&)> callback) {
 }
 
 void PeerMemory::peer_gone() {
-  std::map<std::pair<std::uint64_t, std::uint64_t>, Lent> lent;  // destroyed after the lock is let go
+  DroppedStorages lent;  // destroyed after the lock is let go
   std::unordered_map<std::uint64_t, PeerSlab> from_peer;
   std::lock_guard lock(mutex_);
-  lent.swap(lent_);
+  lent_.clear(lent);
   from_peer.swap(from_peer_);
   introduced_.clear();
   peer_name_.clear();
@@ -246,10 +187,9 @@ void PeerMemory::peer_gone() {
 void PeerMemory::storage_released(std::uint64_t storage_id) {
   if (current_pid() != owner_) return;
   std::unique_lock lock(mutex_);
-  auto it = borrowed_.find(storage_id);
-  if (it == borrowed_.end()) return;
-  due_.blocks.insert(due_.blocks.end(), {it->second.peer_slab, it->second.offset, it->second.count});
-  borrowed_.erase(it);
+  auto home = borrowed_.released(storage_id);
+  if (!home) return;
+  due_.blocks.insert(due_.blocks.end(), {home->slab, home->offset, home->count});
   release_due(lock);
 }
 

@@ -1,0 +1,62 @@
+#include <forkpool/shm/internal/block_table.hpp>
+
+#include <cstring>
+#include <string>
+
+#include <forkpool/runtime/error.hpp>
+#include <forkpool/shm/internal/slab.hpp>
+
+namespace forkpool::detail {
+namespace {
+
+[[noreturn]] void broken(const std::string& what) { throw ProtocolError("forkpool: " + what); }
+
+}  // namespace
+
+std::optional<std::uint32_t> OutgoingBlocks::block_index(const std::shared_ptr<Storage>& storage) {
+  auto [it, fresh] = index_.try_emplace(storage.get(), static_cast<std::uint32_t>(storages_.size()));
+  if (fresh) storages_.push_back(storage);
+  return it->second;
+}
+
+void OutgoingBlocks::write_table(Writer& w) const {
+  for (const auto& storage : storages_) {
+    w.write(storage->slab()->id());
+    w.write(static_cast<std::uint64_t>(storage->slab_offset()));
+    w.write(static_cast<std::uint64_t>(storage->size()));
+  }
+  w.write(static_cast<std::uint32_t>(storages_.size()));
+}
+
+std::size_t OutgoingBlocks::table_bytes() const noexcept {
+  return storages_.size() * sizeof(BlockEntry) + sizeof(std::uint32_t);
+}
+
+TabledPayload split_block_table(std::span<const std::byte> payload) {
+  std::uint32_t count = 0;
+  if (payload.size() < sizeof count) broken("a message of " + std::to_string(payload.size()) + " bytes has no table of blocks");
+  std::memcpy(&count, payload.data() + payload.size() - sizeof count, sizeof count);
+  std::size_t table = std::size_t{count} * sizeof(BlockEntry);
+  if (table > payload.size() - sizeof count)
+    broken("a message claims " + std::to_string(count) + " blocks in " + std::to_string(payload.size()) + " bytes");
+  std::size_t body = payload.size() - sizeof count - table;
+  TabledPayload split{payload.first(body), std::vector<BlockEntry>(count)};
+  if (count > 0) std::memcpy(split.table.data(), payload.data() + body, table);
+  return split;
+}
+
+void append_release(Writer& w, std::span<const std::byte> release) {
+  w.write_bytes(release.data(), release.size());
+  w.write(static_cast<std::uint32_t>(release.size()));
+}
+
+std::pair<std::span<const std::byte>, std::span<const std::byte>> split_release(std::span<const std::byte> payload) {
+  std::uint32_t length = 0;
+  if (payload.size() < sizeof length) broken("a message of " + std::to_string(payload.size()) + " bytes has no release");
+  std::memcpy(&length, payload.data() + payload.size() - sizeof length, sizeof length);
+  if (length > payload.size() - sizeof length) broken("a message claims a release of " + std::to_string(length) + " bytes");
+  std::size_t rest = payload.size() - sizeof length - length;
+  return {payload.subspan(rest, length), payload.first(rest)};
+}
+
+}  // namespace forkpool::detail

@@ -1,0 +1,76 @@
+#pragma once
+// The table of blocks a message carries: its tensors name their storages by place in it, each
+// entry (the sender's slab id, offset, bytes). The same for every way a message crosses (a
+// pool's conversation with a worker, a queue, mpi); what the names mean on arrival is the
+// lending's (peer_memory.hpp, queue_memory.hpp).
+//
+//   message:  [body][entry]...[u32 number of entries]
+//   and a release may ride at its end: [message][release][u32 its length]
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <forkpool/ipc/codec.hpp>
+#include <forkpool/shm/internal/storage.hpp>
+#include <forkpool/shm/internal/storage_conversation.hpp>
+
+namespace forkpool::detail {
+
+// One entry of a message's table of blocks, in the sender's terms.
+struct BlockEntry {
+  std::uint64_t slab;
+  std::uint64_t offset;
+  std::uint64_t bytes;
+};
+
+// The blocks one outgoing message carries, in the order first named. The Writer's context; holds
+// the storages until it is dropped (a job keeps it until its result is decoded).
+class OutgoingBlocks final : public StorageConversation {
+ public:
+  std::optional<std::uint32_t> block_index(const std::shared_ptr<Storage>& storage) override;
+  std::shared_ptr<Storage> block_at(std::uint32_t) const override { return nullptr; }
+
+  const std::vector<std::shared_ptr<Storage>>& storages() const noexcept { return storages_; }
+  // Appends the table to a message: [slab, offset, bytes]... [u32 number of entries].
+  void write_table(Writer& w) const;
+  // Bytes write_table() appends.
+  std::size_t table_bytes() const noexcept;
+
+ private:
+  std::vector<std::shared_ptr<Storage>> storages_;
+  std::unordered_map<const Storage*, std::uint32_t> index_;
+};
+
+// The blocks a received message carries, resolved here: the Reader's context.
+class IncomingBlocks final : public StorageConversation {
+ public:
+  explicit IncomingBlocks(std::vector<std::shared_ptr<Storage>> storages) : storages_(std::move(storages)) {}
+  std::optional<std::uint32_t> block_index(const std::shared_ptr<Storage>&) override { return std::nullopt; }
+  std::shared_ptr<Storage> block_at(std::uint32_t index) const override {
+    return index < storages_.size() ? storages_[index] : nullptr;
+  }
+  const std::vector<std::shared_ptr<Storage>>& storages() const noexcept { return storages_; }
+
+ private:
+  std::vector<std::shared_ptr<Storage>> storages_;
+};
+
+// A message's payload split from its table of blocks. Throws ProtocolError when the table does not fit.
+struct TabledPayload {
+  std::span<const std::byte> body;
+  std::vector<BlockEntry> table;
+};
+TabledPayload split_block_table(std::span<const std::byte> payload);
+
+// A release may ride at the end of another message (a worker's result: what its task let go of
+// costs no message of its own): [release][u32 its length]. Appends it; and splits it off again
+// (the release, then the rest), throwing ProtocolError when it does not fit.
+void append_release(Writer& w, std::span<const std::byte> release);
+std::pair<std::span<const std::byte>, std::span<const std::byte>> split_release(std::span<const std::byte> payload);
+
+}  // namespace forkpool::detail
