@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""The layers in a straight line: runtime <- ipc <- shm <- pool <- mpi, and torch after pool (it
+"""The layers in a straight line: runtime <- ipc <- shm <- sync <- pool <- mpi, and torch after pool (it
 includes neither mpi nor is included by it). A file may include its own layer
 and those before it, never one after it. Exits 1 naming every violation."""
 import pathlib
 import re
 import sys
 
-LAYERS = ["runtime", "ipc", "shm", "pool", "mpi", "torch"]
+LAYERS = ["runtime", "ipc", "shm", "sync", "pool", "mpi", "torch"]
 root = pathlib.Path(__file__).resolve().parent.parent
 include = re.compile(r'^\s*#\s*include\s*[<"]forkpool/(\w+)/', re.M)
 violations = []

@@ -9,8 +9,8 @@
 #include <set>
 #include <stdexcept>
 
-#include <forkpool/pool/internal/fd_wait.hpp>
-#include <forkpool/pool/internal/holders.hpp>
+#include <forkpool/sync/internal/fd_wait.hpp>
+#include <forkpool/sync/internal/holders.hpp>
 #include <forkpool/pool/worker_info.hpp>
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/internal/blocking_wait.hpp>

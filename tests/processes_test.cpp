@@ -16,9 +16,9 @@
 
 #include <forkpool/pool/pool.hpp>
 #include <forkpool/pool/process.hpp>
-#include <forkpool/pool/queue.hpp>
+#include <forkpool/sync/queue.hpp>
 #include <forkpool/pool/spawn.hpp>
-#include <forkpool/pool/sync.hpp>
+#include <forkpool/sync/sync.hpp>
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/loop.hpp>
 #include <forkpool/shm/tensor.hpp>

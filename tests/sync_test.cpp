@@ -15,12 +15,12 @@
 #include <thread>
 #include <vector>
 
-#include <forkpool/pool/pipe.hpp>
+#include <forkpool/sync/pipe.hpp>
 #include <forkpool/pool/process.hpp>
-#include <forkpool/pool/queue.hpp>
-#include <forkpool/pool/semaphore.hpp>
-#include <forkpool/pool/shared_value.hpp>
-#include <forkpool/pool/sync.hpp>
+#include <forkpool/sync/queue.hpp>
+#include <forkpool/sync/semaphore.hpp>
+#include <forkpool/sync/shared_value.hpp>
+#include <forkpool/sync/sync.hpp>
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/loop.hpp>
 #include <forkpool/shm/named_memory.hpp>

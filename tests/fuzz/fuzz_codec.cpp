@@ -20,11 +20,11 @@
 #include <forkpool/ipc/codec.hpp>
 #include <forkpool/ipc/internal/memfd.hpp>
 #include <forkpool/shm/internal/peer_memory.hpp>
-#include <forkpool/pool/pipe.hpp>
-#include <forkpool/pool/queue.hpp>
-#include <forkpool/pool/semaphore.hpp>
-#include <forkpool/pool/shared_value.hpp>
-#include <forkpool/pool/sync.hpp>
+#include <forkpool/sync/pipe.hpp>
+#include <forkpool/sync/queue.hpp>
+#include <forkpool/sync/semaphore.hpp>
+#include <forkpool/sync/shared_value.hpp>
+#include <forkpool/sync/sync.hpp>
 #include <forkpool/shm/tensor_codec.hpp>
 
 namespace fp = forkpool;

@@ -1,4 +1,4 @@
-#include <forkpool/pool/queue.hpp>
+#include <forkpool/sync/queue.hpp>
 
 #include <fcntl.h>
 #include <poll.h>
@@ -13,10 +13,10 @@
 #include <string>
 #include <system_error>
 
-#include <forkpool/pool/internal/fd_wait.hpp>
-#include <forkpool/pool/internal/holders.hpp>
+#include <forkpool/sync/internal/fd_wait.hpp>
+#include <forkpool/sync/internal/holders.hpp>
 #include <forkpool/shm/internal/queue_memory.hpp>
-#include <forkpool/pool/internal/shared_page.hpp>
+#include <forkpool/sync/internal/shared_page.hpp>
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/internal/errno.hpp>
 #include <forkpool/runtime/internal/io.hpp>

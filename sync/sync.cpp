@@ -1,4 +1,4 @@
-#include <forkpool/pool/sync.hpp>
+#include <forkpool/sync/sync.hpp>
 
 #include <linux/futex.h>
 #include <poll.h>
@@ -14,9 +14,9 @@
 #include <string>
 #include <system_error>
 
-#include <forkpool/pool/internal/fd_wait.hpp>
-#include <forkpool/pool/internal/holders.hpp>
-#include <forkpool/pool/internal/shared_page.hpp>
+#include <forkpool/sync/internal/fd_wait.hpp>
+#include <forkpool/sync/internal/holders.hpp>
+#include <forkpool/sync/internal/shared_page.hpp>
 #include <forkpool/runtime/internal/errno.hpp>
 #include <forkpool/runtime/internal/io.hpp>
 #include <forkpool/runtime/loop.hpp>

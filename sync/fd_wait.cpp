@@ -1,4 +1,4 @@
-#include <forkpool/pool/internal/fd_wait.hpp>
+#include <forkpool/sync/internal/fd_wait.hpp>
 
 #include <poll.h>
 

@@ -1,4 +1,4 @@
-#include <forkpool/pool/semaphore.hpp>
+#include <forkpool/sync/semaphore.hpp>
 
 #include <pthread.h>
 #include <unistd.h>
@@ -8,9 +8,9 @@
 #include <climits>
 #include <stdexcept>
 
-#include <forkpool/pool/internal/fd_wait.hpp>
-#include <forkpool/pool/internal/holders.hpp>
-#include <forkpool/pool/internal/shared_page.hpp>
+#include <forkpool/sync/internal/fd_wait.hpp>
+#include <forkpool/sync/internal/holders.hpp>
+#include <forkpool/sync/internal/shared_page.hpp>
 #include <forkpool/runtime/loop.hpp>
 
 namespace forkpool {

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include <forkpool/ipc/codec.hpp>
-#include <forkpool/pool/sync.hpp>
+#include <forkpool/sync/sync.hpp>
 
 namespace forkpool {
 

@@ -26,7 +26,7 @@
 
 #include <forkpool/ipc/codec.hpp>
 #include <forkpool/ipc/internal/channel.hpp>
-#include <forkpool/pool/queue.hpp>
+#include <forkpool/sync/queue.hpp>
 #include <forkpool/runtime/task.hpp>
 
 namespace forkpool {

@@ -1,4 +1,4 @@
-#include <forkpool/pool/internal/shared_page.hpp>
+#include <forkpool/sync/internal/shared_page.hpp>
 
 #include <linux/futex.h>
 #include <sys/mman.h>

@@ -1,4 +1,4 @@
-#include <forkpool/pool/shared_value.hpp>
+#include <forkpool/sync/shared_value.hpp>
 
 #include <sys/mman.h>
 

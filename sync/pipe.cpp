@@ -1,4 +1,4 @@
-#include <forkpool/pool/pipe.hpp>
+#include <forkpool/sync/pipe.hpp>
 
 #include <poll.h>
 #include <sys/socket.h>
@@ -6,7 +6,7 @@
 #include <cerrno>
 #include <stdexcept>
 
-#include <forkpool/pool/internal/fd_wait.hpp>
+#include <forkpool/sync/internal/fd_wait.hpp>
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/internal/errno.hpp>
 

@@ -2,7 +2,7 @@
 // Blocking waits on a descriptor with a deadline, for the plain (not loop) calls of queues and
 // events: poll(2), never a busy wait.
 
-#include <forkpool/pool/queue.hpp>
+#include <forkpool/sync/queue.hpp>
 
 namespace forkpool::detail {
 
