@@ -11,7 +11,7 @@
 
 #include <forkpool/pool/pool.hpp>
 #include <forkpool/shm/tensor.hpp>
-#include <forkpool/shm/internal/slab_allocator.hpp>
+#include <forkpool/shm/private/slab_allocator.hpp>
 #include <forkpool/shm/tensor.hpp>
 #include <forkpool/shm/tensor_codec.hpp>
 

@@ -8,7 +8,7 @@
 #include <system_error>
 
 #include <forkpool/runtime/error.hpp>
-#include <forkpool/runtime/internal/errno.hpp>
+#include <forkpool/runtime/private/errno.hpp>
 
 namespace forkpool {
 namespace {

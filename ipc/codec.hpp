@@ -29,7 +29,7 @@
 #include <vector>
 
 #include <forkpool/runtime/error.hpp>
-#include <forkpool/runtime/internal/unique_fd.hpp>
+#include <forkpool/runtime/unique_fd.hpp>
 
 namespace forkpool {
 

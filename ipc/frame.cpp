@@ -9,7 +9,7 @@
 #include <string>
 #include <system_error>
 
-#include <forkpool/ipc/internal/memfd.hpp>
+#include <forkpool/ipc/private/memfd.hpp>
 #include <forkpool/runtime/error.hpp>
 
 namespace forkpool {

@@ -1,4 +1,4 @@
-#include <forkpool/ipc/internal/link.hpp>
+#include <forkpool/ipc/private/link.hpp>
 
 #include <errno.h>
 #include <poll.h>
@@ -11,12 +11,12 @@
 #include <cstring>
 #include <string>
 
-#include <forkpool/ipc/internal/memfd.hpp>
+#include <forkpool/ipc/private/memfd.hpp>
 #include <forkpool/ipc/internal/spare_buffers.hpp>
 #include <forkpool/runtime/error.hpp>
-#include <forkpool/runtime/internal/errno.hpp>
+#include <forkpool/runtime/private/errno.hpp>
 #include <forkpool/runtime/internal/io.hpp>
-#include <forkpool/runtime/internal/loop_internals.hpp>
+#include <forkpool/runtime/private/loop_internals.hpp>
 
 namespace forkpool::detail {
 namespace {

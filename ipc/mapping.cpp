@@ -3,7 +3,7 @@
 #include <sys/mman.h>
 
 #include <forkpool/runtime/error.hpp>
-#include <forkpool/runtime/internal/errno.hpp>
+#include <forkpool/runtime/private/errno.hpp>
 
 namespace forkpool {
 

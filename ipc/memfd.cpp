@@ -1,4 +1,4 @@
-#include <forkpool/ipc/internal/memfd.hpp>
+#include <forkpool/ipc/private/memfd.hpp>
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -11,7 +11,7 @@
 
 #include <forkpool/ipc/internal/mapping.hpp>
 #include <forkpool/runtime/error.hpp>
-#include <forkpool/runtime/internal/errno.hpp>
+#include <forkpool/runtime/private/errno.hpp>
 
 #ifndef MFD_NOEXEC_SEAL
 #define MFD_NOEXEC_SEAL 0x0008U

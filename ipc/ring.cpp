@@ -1,4 +1,4 @@
-#include <forkpool/ipc/internal/ring.hpp>
+#include <forkpool/ipc/private/ring.hpp>
 
 #include <cstring>
 #include <string>

@@ -1,12 +1,12 @@
-#include <forkpool/mpi/internal/hub.hpp>
+#include <forkpool/mpi/private/hub.hpp>
 
 #include <cstdio>
 
-#include <forkpool/mpi/internal/mpi_pool_core.hpp>
-#include <forkpool/mpi/internal/polling.hpp>
-#include <forkpool/mpi/internal/world.hpp>
+#include <forkpool/mpi/private/mpi_pool_core.hpp>
+#include <forkpool/mpi/private/polling.hpp>
+#include <forkpool/mpi/private/world.hpp>
 #include <forkpool/runtime/error.hpp>
-#include <forkpool/shm/internal/slab_allocator.hpp>
+#include <forkpool/shm/private/slab_allocator.hpp>
 
 namespace forkpool::mpi::detail {
 

@@ -6,13 +6,13 @@
 #include <stdexcept>
 #include <string>
 
-#include <forkpool/mpi/internal/mpi_pool_core.hpp>
-#include <forkpool/mpi/internal/node_server.hpp>
-#include <forkpool/mpi/internal/protocol.hpp>
-#include <forkpool/mpi/internal/world.hpp>
+#include <forkpool/mpi/private/mpi_pool_core.hpp>
+#include <forkpool/mpi/private/node_server.hpp>
+#include <forkpool/mpi/private/protocol.hpp>
+#include <forkpool/mpi/private/world.hpp>
 #include <forkpool/mpi/mpi_pool.hpp>
 #include <forkpool/pool/init.hpp>
-#include <forkpool/runtime/internal/loaded_objects.hpp>
+#include <forkpool/runtime/private/loaded_objects.hpp>
 
 namespace forkpool::mpi {
 namespace detail {

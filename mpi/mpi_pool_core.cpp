@@ -1,11 +1,11 @@
-#include <forkpool/mpi/internal/mpi_pool_core.hpp>
+#include <forkpool/mpi/private/mpi_pool_core.hpp>
 
 #include <algorithm>
 #include <cstdio>
 #include <stdexcept>
 
-#include <forkpool/mpi/internal/hub.hpp>
-#include <forkpool/mpi/internal/world.hpp>
+#include <forkpool/mpi/private/hub.hpp>
+#include <forkpool/mpi/private/world.hpp>
 #include <forkpool/shm/internal/block_table.hpp>
 #include <forkpool/runtime/error.hpp>
 

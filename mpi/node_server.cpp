@@ -1,4 +1,4 @@
-#include <forkpool/mpi/internal/node_server.hpp>
+#include <forkpool/mpi/private/node_server.hpp>
 
 #include <cstdio>
 #include <cstring>
@@ -6,14 +6,14 @@
 #include <string>
 #include <unordered_map>
 
-#include <forkpool/mpi/internal/hub.hpp>
-#include <forkpool/mpi/internal/polling.hpp>
-#include <forkpool/mpi/internal/protocol.hpp>
-#include <forkpool/mpi/internal/world.hpp>
+#include <forkpool/mpi/private/hub.hpp>
+#include <forkpool/mpi/private/polling.hpp>
+#include <forkpool/mpi/private/protocol.hpp>
+#include <forkpool/mpi/private/world.hpp>
 #include <forkpool/shm/internal/block_table.hpp>
 #include <forkpool/pool/internal/pool_core.hpp>
 #include <forkpool/runtime/error.hpp>
-#include <forkpool/runtime/internal/loaded_objects.hpp>
+#include <forkpool/runtime/private/loaded_objects.hpp>
 #include <forkpool/runtime/loop.hpp>
 
 namespace forkpool::mpi::detail {

@@ -1,7 +1,7 @@
-#include <forkpool/mpi/internal/protocol.hpp>
+#include <forkpool/mpi/private/protocol.hpp>
 
 #include <forkpool/runtime/error.hpp>
-#include <forkpool/runtime/internal/describe_exception.hpp>
+#include <forkpool/runtime/private/describe_exception.hpp>
 
 namespace forkpool::mpi::detail {
 namespace {

@@ -1,4 +1,4 @@
-#include <forkpool/mpi/internal/transport.hpp>
+#include <forkpool/mpi/private/transport.hpp>
 
 #include <algorithm>
 #include <climits>

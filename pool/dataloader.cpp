@@ -9,7 +9,7 @@
 #include <random>
 #include <stdexcept>
 
-#include <forkpool/runtime/internal/describe_exception.hpp>
+#include <forkpool/runtime/private/describe_exception.hpp>
 
 namespace forkpool::detail {
 namespace {

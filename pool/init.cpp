@@ -1,7 +1,7 @@
 #include <forkpool/pool/init.hpp>
 
-#include <forkpool/pool/internal/launcher.hpp>
-#include <forkpool/runtime/internal/spawned_worker.hpp>
+#include <forkpool/pool/private/launcher.hpp>
+#include <forkpool/runtime/private/spawned_worker.hpp>
 
 namespace forkpool {
 

@@ -1,4 +1,4 @@
-#include <forkpool/pool/internal/launcher.hpp>
+#include <forkpool/pool/private/launcher.hpp>
 
 #include <poll.h>
 #include <sys/wait.h>
@@ -16,10 +16,10 @@
 
 #include <forkpool/pool/internal/task_message.hpp>
 #include <forkpool/runtime/error.hpp>
-#include <forkpool/shm/internal/name_tracker.hpp>
+#include <forkpool/shm/private/name_tracker.hpp>
 #include <forkpool/shm/internal/slab.hpp>
-#include <forkpool/runtime/internal/errno.hpp>
-#include <forkpool/runtime/internal/loaded_objects.hpp>
+#include <forkpool/runtime/private/errno.hpp>
+#include <forkpool/runtime/private/loaded_objects.hpp>
 
 namespace forkpool::detail {
 namespace {

@@ -180,7 +180,7 @@ decltype(auto) owned_input(Range&& inputs) {
 }
 
 struct JobsDieWithWorker {};
-struct PoolInternals;  // pool/internal/pool_internals.hpp: what tests and diagnostics read
+struct PoolInternals;  // pool/private/pool_internals.hpp: what tests and diagnostics read
 
 template <class T>
 Task<T> await_result(AsyncResult<T> result) {

@@ -9,18 +9,18 @@
 #include <string>
 #include <tuple>
 
-#include <forkpool/pool/internal/launcher.hpp>
-#include <forkpool/pool/internal/pool_worker.hpp>
+#include <forkpool/pool/private/launcher.hpp>
+#include <forkpool/pool/private/pool_worker.hpp>
 #include <forkpool/pool/internal/task_message.hpp>
 #include <forkpool/pool/worker_info.hpp>
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/internal/io.hpp>
-#include <forkpool/runtime/internal/loop_internals.hpp>
+#include <forkpool/runtime/private/loop_internals.hpp>
 #include <forkpool/runtime/internal/one_shot.hpp>
-#include <forkpool/runtime/internal/process.hpp>
-#include <forkpool/runtime/internal/spawned_worker.hpp>
+#include <forkpool/runtime/private/process.hpp>
+#include <forkpool/runtime/private/spawned_worker.hpp>
 #include <forkpool/runtime/scope.hpp>
-#include <forkpool/shm/internal/name_tracker.hpp>
+#include <forkpool/shm/private/name_tracker.hpp>
 #include <forkpool/shm/sharing.hpp>
 
 namespace forkpool::detail {

@@ -1,4 +1,4 @@
-#include <forkpool/pool/internal/pool_worker.hpp>
+#include <forkpool/pool/private/pool_worker.hpp>
 
 #include <sys/mman.h>
 
@@ -7,8 +7,8 @@
 #include <string>
 #include <thread>
 
-#include <forkpool/ipc/internal/memfd.hpp>
-#include <forkpool/pool/internal/launcher.hpp>
+#include <forkpool/ipc/private/memfd.hpp>
+#include <forkpool/pool/private/launcher.hpp>
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/internal/io.hpp>
 

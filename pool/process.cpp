@@ -9,13 +9,13 @@
 #include <set>
 #include <stdexcept>
 
-#include <forkpool/sync/internal/fd_wait.hpp>
-#include <forkpool/sync/internal/holders.hpp>
+#include <forkpool/sync/private/fd_wait.hpp>
+#include <forkpool/sync/private/holders.hpp>
 #include <forkpool/pool/worker_info.hpp>
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/internal/blocking_wait.hpp>
 #include <forkpool/runtime/internal/io.hpp>
-#include <forkpool/runtime/internal/process.hpp>
+#include <forkpool/runtime/private/process.hpp>
 
 namespace forkpool {
 

@@ -12,9 +12,9 @@
 #include <forkpool/pool/worker_info.hpp>
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/internal/blocking_wait.hpp>
-#include <forkpool/runtime/internal/describe_exception.hpp>
-#include <forkpool/runtime/internal/process.hpp>
-#include <forkpool/runtime/internal/errno.hpp>
+#include <forkpool/runtime/private/describe_exception.hpp>
+#include <forkpool/runtime/private/process.hpp>
+#include <forkpool/runtime/private/errno.hpp>
 
 namespace forkpool {
 namespace {

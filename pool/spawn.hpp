@@ -20,7 +20,7 @@
 
 #include <forkpool/pool/pool.hpp>
 #include <forkpool/pool/pool_options.hpp>
-#include <forkpool/runtime/internal/unique_fd.hpp>
+#include <forkpool/runtime/unique_fd.hpp>
 
 namespace forkpool {
 

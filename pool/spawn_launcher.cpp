@@ -28,14 +28,14 @@
 #include <vector>
 
 #include <forkpool/ipc/internal/channel.hpp>
-#include <forkpool/pool/internal/launcher.hpp>
+#include <forkpool/pool/private/launcher.hpp>
 #include <forkpool/pool/internal/task_message.hpp>
 #include <forkpool/runtime/error.hpp>
-#include <forkpool/shm/internal/name_tracker.hpp>
-#include <forkpool/runtime/internal/errno.hpp>
-#include <forkpool/runtime/internal/loaded_objects.hpp>
-#include <forkpool/runtime/internal/process.hpp>
-#include <forkpool/runtime/internal/spawned_worker.hpp>
+#include <forkpool/shm/private/name_tracker.hpp>
+#include <forkpool/runtime/private/errno.hpp>
+#include <forkpool/runtime/private/loaded_objects.hpp>
+#include <forkpool/runtime/private/process.hpp>
+#include <forkpool/runtime/private/spawned_worker.hpp>
 
 namespace forkpool::detail {
 namespace {

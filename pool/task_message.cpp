@@ -1,9 +1,9 @@
 #include <forkpool/pool/internal/task_message.hpp>
-#include <forkpool/runtime/internal/loaded_objects.hpp>
+#include <forkpool/runtime/private/loaded_objects.hpp>
 
 #include <forkpool/ipc/internal/frame.hpp>
-#include <forkpool/shm/internal/peer_memory.hpp>
-#include <forkpool/runtime/internal/describe_exception.hpp>
+#include <forkpool/shm/private/peer_memory.hpp>
+#include <forkpool/runtime/private/describe_exception.hpp>
 
 namespace forkpool::detail {
 

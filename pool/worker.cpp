@@ -1,4 +1,4 @@
-#include <forkpool/pool/internal/worker.hpp>
+#include <forkpool/pool/private/worker.hpp>
 
 #include <malloc.h>
 #include <sys/mman.h>
@@ -10,18 +10,18 @@
 #include <tuple>
 
 #include <forkpool/ipc/internal/channel.hpp>
-#include <forkpool/ipc/internal/link.hpp>
+#include <forkpool/ipc/private/link.hpp>
 #include <forkpool/ipc/internal/mapping.hpp>
-#include <forkpool/ipc/internal/memfd.hpp>
-#include <forkpool/shm/internal/peer_memory.hpp>
+#include <forkpool/ipc/private/memfd.hpp>
+#include <forkpool/shm/private/peer_memory.hpp>
 #include <forkpool/pool/worker_info.hpp>
 #include <forkpool/shm/sharing.hpp>
 #include <forkpool/shm/internal/storage.hpp>
 #include <forkpool/runtime/error.hpp>
-#include <forkpool/runtime/internal/describe_exception.hpp>
-#include <forkpool/runtime/internal/process.hpp>
+#include <forkpool/runtime/private/describe_exception.hpp>
+#include <forkpool/runtime/private/process.hpp>
 #include <forkpool/pool/internal/task_message.hpp>
-#include <forkpool/runtime/internal/loaded_objects.hpp>
+#include <forkpool/runtime/private/loaded_objects.hpp>
 
 namespace forkpool::detail {
 namespace {

@@ -2,7 +2,7 @@
 
 #include <cstdio>
 
-#include <forkpool/runtime/internal/describe_exception.hpp>
+#include <forkpool/runtime/private/describe_exception.hpp>
 
 namespace forkpool::detail {
 

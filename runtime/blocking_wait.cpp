@@ -1,7 +1,7 @@
 #include <forkpool/runtime/internal/blocking_wait.hpp>
 
 #include <forkpool/runtime/internal/io.hpp>
-#include <forkpool/runtime/internal/loop_internals.hpp>
+#include <forkpool/runtime/private/loop_internals.hpp>
 
 namespace forkpool::detail {
 

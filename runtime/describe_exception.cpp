@@ -1,4 +1,4 @@
-#include <forkpool/runtime/internal/describe_exception.hpp>
+#include <forkpool/runtime/private/describe_exception.hpp>
 
 #include <cxxabi.h>
 

@@ -14,10 +14,10 @@
 #include <unordered_map>
 #include <utility>
 
-#include <forkpool/runtime/internal/backend.hpp>
+#include <forkpool/runtime/private/backend.hpp>
 #include <forkpool/runtime/error.hpp>
-#include <forkpool/runtime/internal/unique_fd.hpp>
-#include <forkpool/runtime/internal/errno.hpp>
+#include <forkpool/runtime/unique_fd.hpp>
+#include <forkpool/runtime/private/errno.hpp>
 
 namespace forkpool::detail {
 namespace {

@@ -1,4 +1,4 @@
-#include <forkpool/runtime/internal/errno.hpp>
+#include <forkpool/runtime/private/errno.hpp>
 
 #include <system_error>
 

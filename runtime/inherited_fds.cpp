@@ -1,4 +1,4 @@
-#include <forkpool/runtime/internal/inherited_fds.hpp>
+#include <forkpool/runtime/private/inherited_fds.hpp>
 
 #include <algorithm>
 

@@ -3,7 +3,7 @@
 #include <errno.h>
 #include <poll.h>
 
-#include <forkpool/runtime/internal/loop_internals.hpp>
+#include <forkpool/runtime/private/loop_internals.hpp>
 
 namespace forkpool {
 Clock::time_point saturating_add(Clock::time_point from, std::chrono::nanoseconds duration) {

@@ -1,4 +1,4 @@
-#include <forkpool/runtime/internal/loaded_objects.hpp>
+#include <forkpool/runtime/private/loaded_objects.hpp>
 
 #include <dlfcn.h>
 #include <elf.h>

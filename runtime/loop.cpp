@@ -14,10 +14,10 @@
 #include <vector>
 
 #include <forkpool/runtime/async_result.hpp>
-#include <forkpool/runtime/internal/spawned_worker.hpp>
-#include <forkpool/runtime/internal/errno.hpp>
+#include <forkpool/runtime/private/spawned_worker.hpp>
+#include <forkpool/runtime/private/errno.hpp>
 #include <forkpool/runtime/internal/io.hpp>
-#include <forkpool/runtime/internal/loop_internals.hpp>
+#include <forkpool/runtime/private/loop_internals.hpp>
 
 namespace forkpool {
 namespace {

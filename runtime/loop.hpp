@@ -10,7 +10,7 @@
 #include <memory>
 #include <vector>
 
-#include <forkpool/runtime/internal/unique_fd.hpp>
+#include <forkpool/runtime/unique_fd.hpp>
 #include <forkpool/runtime/scope.hpp>
 #include <forkpool/runtime/task.hpp>
 

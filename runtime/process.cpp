@@ -1,4 +1,4 @@
-#include <forkpool/runtime/internal/process.hpp>
+#include <forkpool/runtime/private/process.hpp>
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -19,8 +19,8 @@
 #include <system_error>
 #include <vector>
 
-#include <forkpool/runtime/internal/errno.hpp>
-#include <forkpool/runtime/internal/inherited_fds.hpp>
+#include <forkpool/runtime/private/errno.hpp>
+#include <forkpool/runtime/private/inherited_fds.hpp>
 
 #ifndef P_PIDFD
 #define P_PIDFD 3

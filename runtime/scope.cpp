@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include <forkpool/runtime/internal/describe_exception.hpp>
+#include <forkpool/runtime/private/describe_exception.hpp>
 
 namespace forkpool {
 

@@ -1,4 +1,4 @@
-#include <forkpool/runtime/internal/spawned_worker.hpp>
+#include <forkpool/runtime/private/spawned_worker.hpp>
 
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -9,7 +9,7 @@
 #include <cstdlib>
 #include <string_view>
 
-#include <forkpool/runtime/internal/process.hpp>
+#include <forkpool/runtime/private/process.hpp>
 
 extern char** environ;
 

@@ -1,4 +1,4 @@
-#include <forkpool/runtime/internal/spin.hpp>
+#include <forkpool/runtime/private/spin.hpp>
 
 #include <algorithm>
 

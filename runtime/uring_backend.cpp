@@ -12,9 +12,9 @@
 #include <memory>
 #include <string>
 
-#include <forkpool/runtime/internal/backend.hpp>
+#include <forkpool/runtime/private/backend.hpp>
 #include <forkpool/runtime/error.hpp>
-#include <forkpool/runtime/internal/errno.hpp>
+#include <forkpool/runtime/private/errno.hpp>
 
 namespace forkpool::detail {
 namespace {

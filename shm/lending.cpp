@@ -1,4 +1,4 @@
-#include <forkpool/shm/internal/lending.hpp>
+#include <forkpool/shm/private/lending.hpp>
 
 #include <forkpool/shm/internal/slab.hpp>
 

@@ -1,4 +1,4 @@
-#include <forkpool/shm/internal/name_tracker.hpp>
+#include <forkpool/shm/private/name_tracker.hpp>
 
 #include <fcntl.h>
 #include <signal.h>
@@ -21,10 +21,10 @@
 #include <string_view>
 
 #include <forkpool/runtime/error.hpp>
-#include <forkpool/runtime/internal/inherited_fds.hpp>
-#include <forkpool/runtime/internal/process.hpp>
-#include <forkpool/runtime/internal/unique_fd.hpp>
-#include <forkpool/runtime/internal/errno.hpp>
+#include <forkpool/runtime/private/inherited_fds.hpp>
+#include <forkpool/runtime/private/process.hpp>
+#include <forkpool/runtime/unique_fd.hpp>
+#include <forkpool/runtime/private/errno.hpp>
 
 namespace forkpool::detail {
 namespace {

@@ -11,9 +11,9 @@
 
 #include <forkpool/ipc/internal/mapping.hpp>
 #include <forkpool/runtime/error.hpp>
-#include <forkpool/runtime/internal/errno.hpp>
-#include <forkpool/runtime/internal/unique_fd.hpp>
-#include <forkpool/shm/internal/name_tracker.hpp>
+#include <forkpool/runtime/private/errno.hpp>
+#include <forkpool/runtime/unique_fd.hpp>
+#include <forkpool/shm/private/name_tracker.hpp>
 
 namespace forkpool {
 

@@ -1,10 +1,10 @@
-#include <forkpool/shm/internal/peer_memory.hpp>
+#include <forkpool/shm/private/peer_memory.hpp>
 
 #include <cstring>
 #include <string>
 
 #include <forkpool/runtime/error.hpp>
-#include <forkpool/runtime/internal/process.hpp>
+#include <forkpool/runtime/private/process.hpp>
 
 namespace forkpool::detail {
 namespace {

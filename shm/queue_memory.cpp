@@ -1,4 +1,4 @@
-#include <forkpool/shm/internal/queue_memory.hpp>
+#include <forkpool/shm/private/queue_memory.hpp>
 
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -9,8 +9,8 @@
 #include <cstring>
 
 #include <forkpool/runtime/error.hpp>
-#include <forkpool/runtime/internal/errno.hpp>
-#include <forkpool/runtime/internal/process.hpp>
+#include <forkpool/runtime/private/errno.hpp>
+#include <forkpool/runtime/private/process.hpp>
 #include <forkpool/shm/internal/slab.hpp>
 
 namespace forkpool::detail {

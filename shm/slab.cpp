@@ -10,12 +10,12 @@
 #include <string>
 #include <system_error>
 
-#include <forkpool/ipc/internal/memfd.hpp>
+#include <forkpool/ipc/private/memfd.hpp>
 #include <forkpool/runtime/error.hpp>
-#include <forkpool/runtime/internal/errno.hpp>
-#include <forkpool/runtime/internal/process.hpp>
-#include <forkpool/shm/internal/inode_key.hpp>
-#include <forkpool/shm/internal/slab_allocator.hpp>
+#include <forkpool/runtime/private/errno.hpp>
+#include <forkpool/runtime/private/process.hpp>
+#include <forkpool/shm/private/inode_key.hpp>
+#include <forkpool/shm/private/slab_allocator.hpp>
 #include <forkpool/shm/internal/storage.hpp>
 
 #ifndef MADV_POPULATE_WRITE

@@ -1,10 +1,10 @@
-#include <forkpool/shm/internal/slab_allocator.hpp>
+#include <forkpool/shm/private/slab_allocator.hpp>
 
 #include <algorithm>
 #include <bit>
 #include <mutex>
 
-#include <forkpool/runtime/internal/process.hpp>
+#include <forkpool/runtime/private/process.hpp>
 #include <forkpool/shm/internal/slab.hpp>
 #include <forkpool/shm/internal/storage.hpp>
 

@@ -15,12 +15,12 @@
 #include <string>
 #include <system_error>
 
-#include <forkpool/ipc/internal/memfd.hpp>
+#include <forkpool/ipc/private/memfd.hpp>
 #include <forkpool/runtime/error.hpp>
-#include <forkpool/shm/internal/name_tracker.hpp>
-#include <forkpool/shm/internal/inode_key.hpp>
-#include <forkpool/shm/internal/slab_allocator.hpp>
-#include <forkpool/runtime/internal/errno.hpp>
+#include <forkpool/shm/private/name_tracker.hpp>
+#include <forkpool/shm/private/inode_key.hpp>
+#include <forkpool/shm/private/slab_allocator.hpp>
+#include <forkpool/runtime/private/errno.hpp>
 
 namespace forkpool {
 namespace {

@@ -3,7 +3,7 @@
 #include <string>
 
 #include <forkpool/runtime/error.hpp>
-#include <forkpool/shm/internal/slab_allocator.hpp>
+#include <forkpool/shm/private/slab_allocator.hpp>
 #include <forkpool/shm/internal/storage_conversation.hpp>
 
 namespace forkpool {

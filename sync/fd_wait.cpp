@@ -1,4 +1,4 @@
-#include <forkpool/sync/internal/fd_wait.hpp>
+#include <forkpool/sync/private/fd_wait.hpp>
 
 #include <poll.h>
 
@@ -6,7 +6,7 @@
 #include <cerrno>
 #include <climits>
 
-#include <forkpool/runtime/internal/errno.hpp>
+#include <forkpool/runtime/private/errno.hpp>
 
 namespace forkpool::detail {
 

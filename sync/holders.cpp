@@ -1,4 +1,4 @@
-#include <forkpool/sync/internal/holders.hpp>
+#include <forkpool/sync/private/holders.hpp>
 
 #include <fcntl.h>
 #include <signal.h>

@@ -6,9 +6,9 @@
 #include <cerrno>
 #include <stdexcept>
 
-#include <forkpool/sync/internal/fd_wait.hpp>
+#include <forkpool/sync/private/fd_wait.hpp>
 #include <forkpool/runtime/error.hpp>
-#include <forkpool/runtime/internal/errno.hpp>
+#include <forkpool/runtime/private/errno.hpp>
 
 namespace forkpool {
 namespace detail {

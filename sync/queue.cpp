@@ -13,12 +13,12 @@
 #include <string>
 #include <system_error>
 
-#include <forkpool/sync/internal/fd_wait.hpp>
-#include <forkpool/sync/internal/holders.hpp>
-#include <forkpool/shm/internal/queue_memory.hpp>
-#include <forkpool/sync/internal/shared_page.hpp>
+#include <forkpool/sync/private/fd_wait.hpp>
+#include <forkpool/sync/private/holders.hpp>
+#include <forkpool/shm/private/queue_memory.hpp>
+#include <forkpool/sync/private/shared_page.hpp>
 #include <forkpool/runtime/error.hpp>
-#include <forkpool/runtime/internal/errno.hpp>
+#include <forkpool/runtime/private/errno.hpp>
 #include <forkpool/runtime/internal/io.hpp>
 
 namespace forkpool::detail {

@@ -8,9 +8,9 @@
 #include <climits>
 #include <stdexcept>
 
-#include <forkpool/sync/internal/fd_wait.hpp>
-#include <forkpool/sync/internal/holders.hpp>
-#include <forkpool/sync/internal/shared_page.hpp>
+#include <forkpool/sync/private/fd_wait.hpp>
+#include <forkpool/sync/private/holders.hpp>
+#include <forkpool/sync/private/shared_page.hpp>
 #include <forkpool/runtime/loop.hpp>
 
 namespace forkpool {

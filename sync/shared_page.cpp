@@ -1,4 +1,4 @@
-#include <forkpool/sync/internal/shared_page.hpp>
+#include <forkpool/sync/private/shared_page.hpp>
 
 #include <linux/futex.h>
 #include <sys/mman.h>
@@ -9,7 +9,7 @@
 #include <climits>
 #include <system_error>
 
-#include <forkpool/ipc/internal/memfd.hpp>
+#include <forkpool/ipc/private/memfd.hpp>
 
 namespace forkpool::detail {
 

@@ -5,7 +5,7 @@
 #include <algorithm>
 
 #include <forkpool/ipc/internal/mapping.hpp>
-#include <forkpool/ipc/internal/memfd.hpp>
+#include <forkpool/ipc/private/memfd.hpp>
 
 namespace forkpool::detail {
 

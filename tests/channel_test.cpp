@@ -12,7 +12,7 @@
 #include <vector>
 
 #include <forkpool/ipc/internal/channel.hpp>
-#include <forkpool/ipc/internal/memfd.hpp>
+#include <forkpool/ipc/private/memfd.hpp>
 #include <forkpool/runtime/loop.hpp>
 #include <forkpool/runtime/when_all.hpp>
 #include "support.hpp"

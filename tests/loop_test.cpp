@@ -20,9 +20,9 @@
 #include <vector>
 
 #include <forkpool/runtime/internal/io.hpp>
-#include <forkpool/runtime/internal/process.hpp>
+#include <forkpool/runtime/private/process.hpp>
 #include <forkpool/runtime/loop.hpp>
-#include <forkpool/runtime/internal/unique_fd.hpp>
+#include <forkpool/runtime/unique_fd.hpp>
 #include <forkpool/runtime/when_all.hpp>
 #include "support.hpp"
 

@@ -27,7 +27,7 @@
 
 #include <forkpool/runtime/internal/io.hpp>
 #include <forkpool/ipc/internal/channel.hpp>
-#include <forkpool/ipc/internal/link.hpp>
+#include <forkpool/ipc/private/link.hpp>
 #include <forkpool/pool/internal/task_message.hpp>
 #include <forkpool/pool/pool.hpp>
 #include <forkpool/pool/worker_info.hpp>

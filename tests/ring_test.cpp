@@ -16,11 +16,11 @@
 #include <thread>
 #include <vector>
 
-#include <forkpool/ipc/internal/link.hpp>
-#include <forkpool/ipc/internal/memfd.hpp>
-#include <forkpool/ipc/internal/ring.hpp>
+#include <forkpool/ipc/private/link.hpp>
+#include <forkpool/ipc/private/memfd.hpp>
+#include <forkpool/ipc/private/ring.hpp>
 #include <forkpool/runtime/error.hpp>
-#include <forkpool/runtime/internal/process.hpp>
+#include <forkpool/runtime/private/process.hpp>
 #include <forkpool/runtime/loop.hpp>
 #include <forkpool/runtime/when_all.hpp>
 #include "support.hpp"

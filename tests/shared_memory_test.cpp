@@ -1,4 +1,4 @@
-// Shared memory that is recycled (shm/internal/slab.hpp, shm/internal/peer_memory.hpp): tensors
+// Shared memory that is recycled (shm/internal/slab.hpp, shm/private/peer_memory.hpp): tensors
 // are blocks of slabs mapped once; a slab crosses to a peer once; blocks are lent and come home,
 // and are reused only when no process holds them.
 
@@ -17,10 +17,10 @@
 #include <vector>
 
 #include <forkpool/ipc/internal/channel.hpp>
-#include <forkpool/ipc/internal/memfd.hpp>
-#include <forkpool/shm/internal/peer_memory.hpp>
+#include <forkpool/ipc/private/memfd.hpp>
+#include <forkpool/shm/private/peer_memory.hpp>
 #include <forkpool/pool/pool.hpp>
-#include <forkpool/shm/internal/slab_allocator.hpp>
+#include <forkpool/shm/private/slab_allocator.hpp>
 #include <forkpool/shm/shared_memory.hpp>
 #include <forkpool/shm/sharing.hpp>
 #include <forkpool/shm/tensor.hpp>

@@ -8,9 +8,9 @@
 #include <chrono>
 #include <vector>
 
-#include <forkpool/pool/internal/pool_internals.hpp>
+#include <forkpool/pool/private/pool_internals.hpp>
 #include <forkpool/pool/pool.hpp>
-#include <forkpool/runtime/internal/spin.hpp>
+#include <forkpool/runtime/private/spin.hpp>
 #include <forkpool/runtime/loop.hpp>
 #include "support.hpp"
 

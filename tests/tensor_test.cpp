@@ -18,7 +18,7 @@
 #include <vector>
 
 #include <forkpool/ipc/internal/channel.hpp>
-#include <forkpool/ipc/internal/memfd.hpp>
+#include <forkpool/ipc/private/memfd.hpp>
 #include <forkpool/pool/pool.hpp>
 #include <forkpool/shm/dlpack.hpp>
 #include <forkpool/shm/sharing.hpp>

@@ -9,7 +9,7 @@
 #include <forkpool/ipc/internal/frame.hpp>
 #include <forkpool/runtime/internal/io.hpp>
 #include <forkpool/runtime/task.hpp>
-#include <forkpool/runtime/internal/unique_fd.hpp>
+#include <forkpool/runtime/unique_fd.hpp>
 
 namespace forkpool {
 

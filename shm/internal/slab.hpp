@@ -4,7 +4,7 @@
 // The process that made a slab owns it: its SlabAllocator hands the blocks out and takes them
 // back, already mapped and paged in. Another process maps a slab the first time a block of it
 // reaches that process and keeps it mapped for as long as the owner keeps the slab; every block of
-// it that crosses after that costs no descriptor, no mmap and no munmap (shm/internal/peer_memory.hpp).
+// it that crosses after that costs no descriptor, no mmap and no munmap (shm/private/peer_memory.hpp).
 //
 // A process that maps a slab can read and write all of it, not only the blocks it was given:
 // workers run the same program as the parent and are trusted as its threads would be.
@@ -24,7 +24,7 @@
 #include <vector>
 
 #include <forkpool/ipc/internal/mapping.hpp>
-#include <forkpool/runtime/internal/unique_fd.hpp>
+#include <forkpool/runtime/unique_fd.hpp>
 
 namespace forkpool {
 

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include <forkpool/ipc/internal/mapping.hpp>
-#include <forkpool/runtime/internal/unique_fd.hpp>
+#include <forkpool/runtime/unique_fd.hpp>
 #include <forkpool/shm/internal/slab.hpp>
 #include <forkpool/shm/sharing.hpp>
 

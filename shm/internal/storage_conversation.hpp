@@ -2,7 +2,7 @@
 // What codec<Tensor> needs from a conversation between two processes that carries blocks of
 // slabs: each message has a table of the blocks it carries, and a tensor names its storage by
 // its place in that table. shm/ defines the interface; the pool implements it
-// (shm/internal/peer_memory.hpp).
+// (shm/private/peer_memory.hpp).
 
 #include <cstdint>
 #include <memory>

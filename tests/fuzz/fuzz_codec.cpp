@@ -18,8 +18,8 @@
 #include <vector>
 
 #include <forkpool/ipc/codec.hpp>
-#include <forkpool/ipc/internal/memfd.hpp>
-#include <forkpool/shm/internal/peer_memory.hpp>
+#include <forkpool/ipc/private/memfd.hpp>
+#include <forkpool/shm/private/peer_memory.hpp>
 #include <forkpool/sync/pipe.hpp>
 #include <forkpool/sync/queue.hpp>
 #include <forkpool/sync/semaphore.hpp>

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include <forkpool/ipc/internal/channel.hpp>
-#include <forkpool/ipc/internal/memfd.hpp>
+#include <forkpool/ipc/private/memfd.hpp>
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   static auto channels = forkpool::Channel::make_pair();

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <vector>
 
-#include <forkpool/ipc/internal/ring.hpp>
+#include <forkpool/ipc/private/ring.hpp>
 #include <forkpool/runtime/error.hpp>
 
 namespace {

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include <forkpool/ipc/internal/frame.hpp>
-#include <forkpool/shm/internal/peer_memory.hpp>
+#include <forkpool/shm/private/peer_memory.hpp>
 #include <forkpool/pool/internal/task_message.hpp>
 
 namespace fp = forkpool;

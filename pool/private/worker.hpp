@@ -6,8 +6,8 @@
 #include <string>
 
 #include <forkpool/pool/pool_options.hpp>
-#include <forkpool/runtime/internal/loaded_objects.hpp>
-#include <forkpool/runtime/internal/unique_fd.hpp>
+#include <forkpool/runtime/private/loaded_objects.hpp>
+#include <forkpool/runtime/unique_fd.hpp>
 
 namespace forkpool::detail {
 

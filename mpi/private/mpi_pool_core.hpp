@@ -12,7 +12,7 @@
 #include <vector>
 
 #include <forkpool/ipc/codec.hpp>
-#include <forkpool/mpi/internal/protocol.hpp>
+#include <forkpool/mpi/private/protocol.hpp>
 #include <forkpool/pool/internal/pool_core.hpp>
 #include <forkpool/runtime/internal/one_shot.hpp>
 

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <span>
 
-#include <forkpool/runtime/internal/unique_fd.hpp>
+#include <forkpool/runtime/unique_fd.hpp>
 
 namespace forkpool {
 

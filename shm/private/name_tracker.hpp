@@ -11,7 +11,7 @@
 #include <string>
 #include <string_view>
 
-#include <forkpool/runtime/internal/unique_fd.hpp>
+#include <forkpool/runtime/unique_fd.hpp>
 
 namespace forkpool::detail {
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include <forkpool/runtime/internal/unique_fd.hpp>
+#include <forkpool/runtime/unique_fd.hpp>
 
 namespace forkpool::detail {
 

@@ -11,9 +11,9 @@
 #include <span>
 
 #include <forkpool/ipc/internal/channel.hpp>
-#include <forkpool/runtime/internal/process.hpp>
-#include <forkpool/runtime/internal/unique_fd.hpp>
-#include <forkpool/pool/internal/worker.hpp>
+#include <forkpool/runtime/private/process.hpp>
+#include <forkpool/runtime/unique_fd.hpp>
+#include <forkpool/pool/private/worker.hpp>
 
 namespace forkpool::detail {
 

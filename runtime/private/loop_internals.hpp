@@ -6,8 +6,8 @@
 #include <optional>
 #include <stdexcept>
 
-#include <forkpool/runtime/internal/backend.hpp>
-#include <forkpool/runtime/internal/spin.hpp>
+#include <forkpool/runtime/private/backend.hpp>
+#include <forkpool/runtime/private/spin.hpp>
 #include <forkpool/runtime/loop.hpp>
 
 namespace forkpool::detail {

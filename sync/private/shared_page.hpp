@@ -12,7 +12,7 @@
 #include <memory>
 
 #include <forkpool/ipc/internal/mapping.hpp>
-#include <forkpool/runtime/internal/unique_fd.hpp>
+#include <forkpool/runtime/unique_fd.hpp>
 
 namespace forkpool::detail {
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include <forkpool/ipc/codec.hpp>
-#include <forkpool/mpi/internal/protocol.hpp>
+#include <forkpool/mpi/private/protocol.hpp>
 #include <forkpool/runtime/scope.hpp>
 #include <forkpool/shm/internal/storage.hpp>
 

@@ -29,9 +29,9 @@
 #include <forkpool/ipc/codec.hpp>
 #include <forkpool/ipc/internal/frame.hpp>
 #include <forkpool/shm/internal/block_table.hpp>
-#include <forkpool/shm/internal/inode_key.hpp>
-#include <forkpool/shm/internal/lending.hpp>
-#include <forkpool/runtime/internal/unique_fd.hpp>
+#include <forkpool/shm/private/inode_key.hpp>
+#include <forkpool/shm/private/lending.hpp>
+#include <forkpool/runtime/unique_fd.hpp>
 
 namespace forkpool::detail {
 

@@ -5,7 +5,7 @@
 #include <thread>
 #include <vector>
 
-#include <forkpool/mpi/internal/transport.hpp>
+#include <forkpool/mpi/private/transport.hpp>
 #include <forkpool/pool/internal/task_message.hpp>
 
 namespace forkpool::mpi::detail {

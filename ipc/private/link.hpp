@@ -28,9 +28,9 @@
 
 #include <forkpool/ipc/internal/channel.hpp>
 #include <forkpool/ipc/internal/mapping.hpp>
-#include <forkpool/ipc/internal/ring.hpp>
-#include <forkpool/runtime/internal/spin.hpp>
-#include <forkpool/runtime/internal/unique_fd.hpp>
+#include <forkpool/ipc/private/ring.hpp>
+#include <forkpool/runtime/private/spin.hpp>
+#include <forkpool/runtime/unique_fd.hpp>
 #include <forkpool/runtime/task.hpp>
 
 namespace forkpool::detail {

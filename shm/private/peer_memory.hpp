@@ -39,11 +39,11 @@
 #include <vector>
 
 #include <forkpool/ipc/codec.hpp>
-#include <forkpool/runtime/internal/unique_fd.hpp>
+#include <forkpool/runtime/unique_fd.hpp>
 #include <forkpool/shm/internal/slab.hpp>
 #include <forkpool/shm/internal/storage.hpp>
 #include <forkpool/shm/internal/block_table.hpp>
-#include <forkpool/shm/internal/lending.hpp>
+#include <forkpool/shm/private/lending.hpp>
 
 namespace forkpool::detail {
 

@@ -23,15 +23,15 @@
 #include <vector>
 
 #include <forkpool/ipc/internal/channel.hpp>
-#include <forkpool/ipc/internal/link.hpp>
+#include <forkpool/ipc/private/link.hpp>
 #include <forkpool/ipc/internal/mapping.hpp>
 #include <forkpool/pool/internal/job.hpp>
-#include <forkpool/pool/internal/launcher.hpp>
-#include <forkpool/shm/internal/peer_memory.hpp>
+#include <forkpool/pool/private/launcher.hpp>
+#include <forkpool/shm/private/peer_memory.hpp>
 #include <forkpool/pool/internal/task_message.hpp>
-#include <forkpool/runtime/internal/loaded_objects.hpp>
+#include <forkpool/runtime/private/loaded_objects.hpp>
 #include <forkpool/runtime/internal/one_shot.hpp>
-#include <forkpool/runtime/internal/process.hpp>
+#include <forkpool/runtime/private/process.hpp>
 #include <forkpool/runtime/scope.hpp>
 
 namespace forkpool::detail {
