@@ -23,17 +23,17 @@ namespace {
 // A forked child that answers every frame with an empty frame of the same id (after touching
 // the payload's first and last byte, so a memfd payload is really mapped).
 struct EchoChild {
-  fp::Channel parent_end;
+  fp::detail::Channel parent_end;
   pid_t pid;
 
   static EchoChild start() {
-    auto [ours, theirs] = fp::Channel::make_pair();
+    auto [ours, theirs] = fp::detail::Channel::make_pair();
     pid_t pid = fork();
     if (pid == 0) {
       ours.release().reset();
       try {
         for (;;) {
-          fp::Message m = theirs.receive();
+          fp::detail::Message m = theirs.receive();
           auto bytes = m.payload.bytes();
           if (!bytes.empty()) benchmark::DoNotOptimize(static_cast<int>(bytes.front()) + static_cast<int>(bytes.back()));
           theirs.send(m.kind, m.request_id, {});
@@ -56,12 +56,12 @@ BENCHMARK(BM_RawSocketpairPingPong64B)->UseRealTime();
 
 void BM_ChannelRoundTrip64B(benchmark::State& state) {
   EchoChild child = EchoChild::start();
-  std::array<std::byte, 64 - sizeof(fp::FrameHeader)> payload{};  // 64 bytes on the wire
+  std::array<std::byte, 64 - sizeof(fp::detail::FrameHeader)> payload{};  // 64 bytes on the wire
   auto body = [&]() -> fp::Task<void> {
     std::uint64_t id = 0;
     for (auto _ : state) {
       co_await child.parent_end.async_send(1, ++id, payload);
-      fp::Message reply = co_await child.parent_end.async_receive();
+      fp::detail::Message reply = co_await child.parent_end.async_receive();
       benchmark::DoNotOptimize(reply.request_id);
     }
   };
@@ -97,9 +97,9 @@ void BM_PayloadRoundTrip(benchmark::State& state) {
   EchoChild child = EchoChild::start();
   std::vector<std::byte> payload(state.range(0), std::byte{1});
   bool via_memfd = state.range(1) == 1;
-  fp::FrameReceiver receiver;
+  fp::detail::FrameReceiver receiver;
   for (auto _ : state) {
-    fp::OutgoingFrame frame(1, 1, payload, {}, via_memfd ? 0 : fp::kInlinePayloadMax);
+    fp::detail::OutgoingFrame frame(1, 1, payload, {}, via_memfd ? 0 : fp::detail::kInlinePayloadMax);
     if (sendmsg(child.parent_end.fd(), frame.message(), MSG_NOSIGNAL) < 0) std::abort();
     long rc = recvmsg(child.parent_end.fd(), receiver.prepare(), MSG_CMSG_CLOEXEC);
     benchmark::DoNotOptimize(receiver.finish(rc < 0 ? -errno : rc).request_id);

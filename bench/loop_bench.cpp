@@ -59,8 +59,8 @@ void BM_LoopPipeWriteRead(benchmark::State& state) {
   std::array<std::byte, 64> out{}, in{};
   auto body = [&]() -> fp::Task<void> {
     for (auto _ : state) {
-      co_await fp::async_write(p.write_end, out);
-      co_await fp::async_read(p.read_end, in);
+      co_await fp::detail::async_write(p.write_end, out);
+      co_await fp::detail::async_read(p.read_end, in);
     }
   };
   fp::run(body());

@@ -10,7 +10,7 @@
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/private/errno.hpp>
 
-namespace forkpool {
+namespace forkpool::detail {
 namespace {
 
 constexpr int kSendFlags = MSG_NOSIGNAL;
@@ -130,4 +130,4 @@ FrameReceiver& Channel::receiver() {
 void Channel::shutdown_write() noexcept { ::shutdown(fd_.get(), SHUT_WR); }
 void Channel::shutdown_read() noexcept { ::shutdown(fd_.get(), SHUT_RD); }
 
-}  // namespace forkpool
+}  // namespace forkpool::detail

@@ -12,7 +12,7 @@
 #include <forkpool/ipc/private/memfd.hpp>
 #include <forkpool/runtime/error.hpp>
 
-namespace forkpool {
+namespace forkpool::detail {
 namespace {
 
 constexpr std::size_t control_space(std::size_t fd_count) { return CMSG_SPACE(fd_count * sizeof(int)); }
@@ -144,4 +144,4 @@ Message FrameReceiver::finish(long result) {
   return message;
 }
 
-}  // namespace forkpool
+}  // namespace forkpool::detail

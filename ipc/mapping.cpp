@@ -5,7 +5,7 @@
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/private/errno.hpp>
 
-namespace forkpool {
+namespace forkpool::detail {
 
 Mapping Mapping::map(int fd, std::size_t size, int protection, off_t offset) {
   if (size == 0) return {};
@@ -20,4 +20,4 @@ void Mapping::reset() noexcept {
   size_ = 0;
 }
 
-}  // namespace forkpool
+}  // namespace forkpool::detail

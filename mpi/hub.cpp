@@ -23,7 +23,7 @@ std::uint64_t Hub::add(MpiPoolCore* pool) {
 
 void Hub::remove(std::uint64_t pool) { pools_.erase(pool); }
 
-void Hub::send(int rank, ByteBuffer payload, const std::vector<std::shared_ptr<Storage>>& blocks) {
+void Hub::send(int rank, ByteBuffer payload, const std::vector<std::shared_ptr<forkpool::detail::Storage>>& blocks) {
   world("mpi::Pool").transport.send(rank, std::move(payload), blocks);
   wake();
 }
@@ -77,14 +77,14 @@ void Hub::route(int source, Reader& r) {
   it->second->receive(kind, source, r);
 }
 
-std::shared_ptr<Storage> new_block(std::uint64_t bytes) {
+std::shared_ptr<forkpool::detail::Storage> new_block(std::uint64_t bytes) {
   if (bytes == 0 || bytes > (std::uint64_t{1} << 40)) throw ProtocolError("forkpool::mpi: a block of an impossible size");
   return forkpool::detail::SlabAllocator::instance().allocate(bytes);
 }
 
-std::vector<std::shared_ptr<Storage>> receive_result_blocks(Reader& r, int source) {
+std::vector<std::shared_ptr<forkpool::detail::Storage>> receive_result_blocks(Reader& r, int source) {
   auto sizes = r.read<std::vector<std::uint64_t>>();
-  std::vector<std::shared_ptr<Storage>> blocks;
+  std::vector<std::shared_ptr<forkpool::detail::Storage>> blocks;
   blocks.reserve(sizes.size());
   for (std::uint64_t bytes : sizes) blocks.push_back(new_block(bytes));
   world("mpi::Pool").transport.receive_blocks(source, blocks);

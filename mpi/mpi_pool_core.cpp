@@ -326,7 +326,7 @@ bool MpiPoolCore::awaits_nodes() const noexcept {
 Task<void> MpiPoolCore::join() {
   if (!closed_) throw std::logic_error("forkpool: Pool::join() before close() or terminate()");
   auto self = shared_from_this();  // the pool may be dropped while join() runs
-  if (!drained_) drained_ = std::make_shared<OneShot>();
+  if (!drained_) drained_ = std::make_shared<forkpool::detail::OneShot>();
   auto drained = drained_;
   check_drained();
   co_await *drained;
@@ -334,7 +334,7 @@ Task<void> MpiPoolCore::join() {
     send_to_nodes(Kind::close);
     awaiting_joined_ += static_cast<int>(nodes_.size() - 1);
   }
-  if (!joined_) joined_ = std::make_shared<OneShot>();
+  if (!joined_) joined_ = std::make_shared<forkpool::detail::OneShot>();
   auto joined = joined_;
   if (awaiting_joined_ == 0) joined->set();
   co_await local_->join();

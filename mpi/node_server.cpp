@@ -56,7 +56,7 @@ class NodeServer {
     co_await finishing_.join();
   }
 
-  void send(ByteBuffer payload, const std::vector<std::shared_ptr<Storage>>& blocks = {}) {
+  void send(ByteBuffer payload, const std::vector<std::shared_ptr<forkpool::detail::Storage>>& blocks = {}) {
     world_.transport.send(0, std::move(payload), blocks);
   }
   void forget(std::uint64_t pool, std::uint64_t job) {
@@ -133,7 +133,7 @@ class NodeServer {
     auto payload = r.read_span(size);
     // The blocks follow on the wire whatever becomes of the job: take them in first.
     auto tabled = forkpool::detail::split_block_table(payload);
-    std::vector<std::shared_ptr<Storage>> storages;
+    std::vector<std::shared_ptr<forkpool::detail::Storage>> storages;
     for (const auto& entry : tabled.table) storages.push_back(new_block(entry.bytes));
     world_.transport.receive_blocks(0, storages);
 
@@ -154,7 +154,7 @@ class NodeServer {
 
   // The task message for this rank: rank 0's code addresses translated, and the table naming the
   // blocks received here.
-  ByteBuffer rebuilt_payload(std::span<const std::byte> body, const std::vector<std::shared_ptr<Storage>>& storages,
+  ByteBuffer rebuilt_payload(std::span<const std::byte> body, const std::vector<std::shared_ptr<forkpool::detail::Storage>>& storages,
                              OutgoingBlocks& blocks, ElementRange& range) {
     forkpool::detail::TaskLayout task = forkpool::detail::parse_task(body);
     auto translated = [&](std::uint64_t address) { return address == 0 ? std::uint64_t{0} : std::uint64_t{objects_.translate(address)}; };
@@ -207,7 +207,7 @@ class NodeServer {
 
 void ReplySink::chunk_done(std::size_t, const ElementRange& range, Reader& results) {
   const auto* incoming = dynamic_cast<const IncomingBlocks*>(results.context());
-  const std::vector<std::shared_ptr<Storage>> none;
+  const std::vector<std::shared_ptr<forkpool::detail::Storage>> none;
   const auto& blocks = incoming ? incoming->storages() : none;
   std::vector<std::uint64_t> sizes;
   for (const auto& block : blocks) sizes.push_back(block->size());

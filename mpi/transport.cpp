@@ -22,7 +22,7 @@ void check(int rc, const char* what) {
 }  // namespace
 
 void Transport::send(int destination, forkpool::ByteBuffer payload,
-                     const std::vector<std::shared_ptr<forkpool::Storage>>& blocks) {
+                     const std::vector<std::shared_ptr<forkpool::detail::Storage>>& blocks) {
   if (payload.size() > static_cast<std::size_t>(INT_MAX))
     throw forkpool::Error("forkpool::mpi: a control message over 2 GiB (its tensors cross as blocks, its other data does not)");
   auto& message = in_flight_.emplace_back(InFlight{MPI_REQUEST_NULL, std::move(payload), nullptr});
@@ -74,7 +74,7 @@ std::optional<Received> Transport::try_receive() {
   return message;
 }
 
-void Transport::receive_blocks(int source, const std::vector<std::shared_ptr<forkpool::Storage>>& blocks) {
+void Transport::receive_blocks(int source, const std::vector<std::shared_ptr<forkpool::detail::Storage>>& blocks) {
   for (const auto& block : blocks) {
     for (std::size_t at = 0; at < block->size(); at += kPiece) {
       int count = static_cast<int>(std::min(kPiece, block->size() - at));

@@ -112,7 +112,7 @@ void Process::kill() { detail::send_signal(pidfd_.get(), SIGKILL); }
 
 bool Process::join(std::chrono::nanoseconds timeout) {
   if (!pidfd_) return true;  // closed: it had ended
-  detail::Deadline deadline = detail::deadline_after(timeout);
+  detail::Deadline deadline = detail::deadline_unless_forever(timeout);
   std::optional<std::chrono::nanoseconds> left;
   if (deadline) left = *deadline - std::chrono::steady_clock::now();
   // The task's outcome comes first (a result before the worker exits, or its death); the pool
@@ -123,7 +123,7 @@ bool Process::join(std::chrono::nanoseconds timeout) {
 
 Task<int> Process::async_join() {
   co_await wait_();
-  co_await wait_process_exit(pidfd_.get());
+  co_await detail::wait_process_exit(pidfd_.get());
   co_return *exit_code_from_result();
 }
 

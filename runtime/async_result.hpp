@@ -95,7 +95,7 @@ class ResultState : public std::enable_shared_from_this<ResultState<R>> {
     timers_.push_back(timer);
   }
 
-  OneShot& done() noexcept { return done_; }
+  detail::OneShot& done() noexcept { return done_; }
 
   R copy() const {
     if (error_) std::rethrow_exception(error_);
@@ -127,7 +127,7 @@ class ResultState : public std::enable_shared_from_this<ResultState<R>> {
 
   std::optional<Stored> value_;
   std::exception_ptr error_;
-  OneShot done_;
+  detail::OneShot done_;
   std::function<void(CancelStep)> canceller_;
   std::vector<Callback> callbacks_;
   std::vector<std::weak_ptr<std::stop_source>> timers_;
@@ -168,7 +168,7 @@ class AsyncResult {
     auto stop = std::make_shared<std::stop_source>();
     state_->stop_on_done(stop);
     std::stop_token token = stop->get_token();
-    co_await wait_until(deadline_after(timeout), token);
+    co_await detail::wait_until(detail::deadline_after(timeout), token);
     co_return ready();
   }
 

@@ -5,13 +5,7 @@
 
 #include <forkpool/runtime/private/loop_internals.hpp>
 
-namespace forkpool {
-Clock::time_point saturating_add(Clock::time_point from, std::chrono::nanoseconds duration) {
-  if (duration <= std::chrono::nanoseconds::zero()) return from + duration;
-  if (duration >= Clock::time_point::max() - from) return Clock::time_point::max();
-  return from + duration;
-}
-
+namespace forkpool::detail {
 __kernel_timespec to_kernel_time(Clock::time_point when) {
   // steady_clock is CLOCK_MONOTONIC on Linux, the clock the kernel's timeouts use.
   auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(when.time_since_epoch()).count();
@@ -19,7 +13,7 @@ __kernel_timespec to_kernel_time(Clock::time_point when) {
   return {ns / 1'000'000'000, ns % 1'000'000'000};
 }
 
-IoAwaitable::IoAwaitable(const detail::Operation& request, IoOptions options)
+IoAwaitable::IoAwaitable(const Operation& request, IoOptions options)
     : main_(request), stop_(options.stop.get()), deadline_(options.deadline) {
   main_.on_complete = &IoAwaitable::main_done;
   main_.context = this;
@@ -57,7 +51,7 @@ void IoAwaitable::StopRequest::operator()() const noexcept {
   if (self->pending_ > 1) detail::LoopInternals::cancel(*self->loop_, &self->timer_);
 }
 
-void IoAwaitable::main_done(detail::Operation* op, int result) {
+void IoAwaitable::main_done(Operation* op, int result) {
   auto* self = static_cast<IoAwaitable*>(op->context);
   self->main_.result = result;
   self->main_finished_ = true;
@@ -65,7 +59,7 @@ void IoAwaitable::main_done(detail::Operation* op, int result) {
   self->finish_one();
 }
 
-void IoAwaitable::timer_done(detail::Operation* op, int result) {
+void IoAwaitable::timer_done(Operation* op, int result) {
   auto* self = static_cast<IoAwaitable*>(op->context);
   if (result == -ETIME && !self->main_finished_) {
     self->timed_out_ = true;
@@ -82,26 +76,26 @@ void IoAwaitable::finish_one() {
 }
 
 namespace {
-detail::Operation request(detail::OpKind kind, int fd) {
-  detail::Operation op;
+Operation request(detail::OpKind kind, int fd) {
+  Operation op;
   op.kind = kind;
   op.fd = fd;
   return op;
 }
-detail::Operation buffer_request(detail::OpKind kind, int fd, const void* data, std::size_t size) {
-  detail::Operation op = request(kind, fd);
+Operation buffer_request(detail::OpKind kind, int fd, const void* data, std::size_t size) {
+  Operation op = request(kind, fd);
   op.buffer = const_cast<void*>(data);  // a write's buffer is only read by the kernel
   op.length = size;
   return op;
 }
-detail::Operation message_request(detail::OpKind kind, int fd, const msghdr* message, int flags) {
-  detail::Operation op = request(kind, fd);
+Operation message_request(detail::OpKind kind, int fd, const msghdr* message, int flags) {
+  Operation op = request(kind, fd);
   op.message = const_cast<msghdr*>(message);  // sendmsg only reads it
   op.flags = static_cast<unsigned>(flags);
   return op;
 }
-detail::Operation poll_request(int fd, unsigned events) {
-  detail::Operation op = request(detail::OpKind::poll, fd);
+Operation poll_request(int fd, unsigned events) {
+  Operation op = request(detail::OpKind::poll, fd);
   op.flags = events;
   return op;
 }
@@ -124,10 +118,10 @@ IoAwaitable wait_writable(int fd, IoOptions options) { return IoAwaitable(poll_r
 IoAwaitable wait_process_exit(int pidfd, IoOptions options) { return wait_readable(pidfd, options); }
 
 IoAwaitable wait_until(Clock::time_point when, StopRef stop) {
-  detail::Operation op = request(detail::OpKind::timeout, -1);
+  Operation op = request(detail::OpKind::timeout, -1);
   op.deadline = to_kernel_time(when);
   return IoAwaitable(op, IoOptions{.stop = stop});
 }
 
 
-}  // namespace forkpool
+}  // namespace forkpool::detail

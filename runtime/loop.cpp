@@ -267,8 +267,8 @@ std::size_t Loop::run_ready() {
   return handled;
 }
 
-Task<void> sleep_until(Clock::time_point when) { co_await wait_until(when); }
-Task<void> sleep_for(std::chrono::nanoseconds duration) { co_await wait_until(deadline_after(duration)); }
+Task<void> sleep_until(detail::Clock::time_point when) { co_await detail::wait_until(when); }
+Task<void> sleep_for(std::chrono::nanoseconds duration) { co_await detail::wait_until(detail::deadline_after(duration)); }
 
 }  // namespace forkpool
 

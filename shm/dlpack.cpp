@@ -87,7 +87,7 @@ Tensor from_dlpack(DLManagedTensor* managed) {
   auto extent = detail::view_extent(shape, strides, element_size(dtype));
   if (!extent) throw std::invalid_argument("forkpool: from_dlpack: negative or overflowing shape or strides");
   auto* base = static_cast<std::byte*>(dl.data) + dl.byte_offset;
-  auto storage = Storage::external(base, *extent, [owner] {});
+  auto storage = detail::Storage::external(base, *extent, [owner] {});
   return Tensor::from_storage(std::move(storage), 0, std::move(shape), std::move(strides), dtype);
 }
 

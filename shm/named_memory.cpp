@@ -20,7 +20,7 @@ namespace forkpool {
 struct SharedMemory::Block {
   std::string name;
   UniqueFd fd;
-  Mapping mapping;
+  detail::Mapping mapping;
   std::size_t size;
 };
 
@@ -47,8 +47,8 @@ SharedMemory SharedMemory::map(std::string name, int fd, bool track) {
   if (fstat(fd, &st) != 0) detail::throw_last_errno("forkpool: SharedMemory: fstat");
   if (!S_ISREG(st.st_mode)) throw ProtocolError("forkpool: SharedMemory: " + name + " is not a shared memory block");
   auto size = static_cast<std::size_t>(st.st_size);
-  auto block = std::make_shared<Block>(Block{name, std::move(owned), Mapping(), size});
-  if (size > 0) block->mapping = Mapping::map(fd, size, PROT_READ | PROT_WRITE);
+  auto block = std::make_shared<Block>(Block{name, std::move(owned), detail::Mapping(), size});
+  if (size > 0) block->mapping = detail::Mapping::map(fd, size, PROT_READ | PROT_WRITE);
   // Tracked until this process ends: the block lives while a process that used it lives.
   if (track && detail::is_segment_name(name)) detail::track_segment_name(name);
   return SharedMemory(std::move(block));

@@ -22,14 +22,13 @@
 #define MADV_POPULATE_WRITE 23
 #endif
 
-namespace forkpool {
+namespace forkpool::detail {
 namespace {
 
-using detail::InodeKey;
 
 // The slabs this process maps, by inode: a slab received again is the same Slab. Under slab_lock().
-detail::InodeCache<Slab>& slabs_by_inode() {
-  static auto* slabs = new detail::InodeCache<Slab>();
+InodeCache<Slab>& slabs_by_inode() {
+  static auto* slabs = new InodeCache<Slab>();
   return *slabs;
 }
 
@@ -39,12 +38,11 @@ detail::InodeCache<Slab>& slabs_by_inode() {
 void page_in(const Mapping& mapping) {
   madvise(mapping.data(), mapping.size(), MADV_HUGEPAGE);
   if (madvise(mapping.data(), mapping.size(), MADV_POPULATE_WRITE) < 0 && errno != EINVAL)
-    detail::throw_last_errno("forkpool: paging in a shared memory slab");
+    throw_last_errno("forkpool: paging in a shared memory slab");
 }
 
 }  // namespace
 
-namespace detail {
 
 std::mutex& slab_lock() {
   static auto* lock = [] {
@@ -60,7 +58,6 @@ MappedCounters& mapped_counters() {
   return *counters;
 }
 
-}  // namespace detail
 
 Slab::Slab() {
   static std::atomic<std::uint64_t> next_id{0};
@@ -78,9 +75,9 @@ std::shared_ptr<Slab> Slab::create(std::size_t bytes) {
   seal_size(slab->fd_.get());
   slab->mapping_ = Mapping::map(slab->fd_.get(), bytes, PROT_READ | PROT_WRITE);
   page_in(slab->mapping_);
-  slab->owner_ = detail::current_pid();
+  slab->owner_ = current_pid();
   struct stat st {};
-  if (fstat(slab->fd_.get(), &st) < 0) detail::throw_last_errno("forkpool: fstat of a new slab");
+  if (fstat(slab->fd_.get(), &st) < 0) throw_last_errno("forkpool: fstat of a new slab");
   remember(slab, st);
   return slab;
 }
@@ -89,7 +86,7 @@ std::shared_ptr<Slab> Slab::adopt(UniqueFd fd, std::size_t min_bytes) {
   struct stat st {};
   if (fstat(fd.get(), &st) < 0) throw ProtocolError(std::string("forkpool: slab: fstat failed: ") + strerror(errno));
   {
-    std::lock_guard lock(detail::slab_lock());
+    std::lock_guard lock(slab_lock());
     if (auto known = slabs_by_inode().find(InodeKey{st.st_dev, st.st_ino})) {
       if (known->size() < min_bytes) throw ProtocolError("forkpool: a slab is shorter than claimed");
       return known;
@@ -110,24 +107,24 @@ std::shared_ptr<Slab> Slab::adopt(UniqueFd fd, std::size_t min_bytes) {
 }
 
 void Slab::remember(const std::shared_ptr<Slab>& slab, const struct stat& st) {
-  std::lock_guard lock(detail::slab_lock());
+  std::lock_guard lock(slab_lock());
   slab->device_ = st.st_dev;
   slab->inode_ = st.st_ino;
   slabs_by_inode().remember(InodeKey{st.st_dev, st.st_ino}, slab);
-  detail::mapped_counters().add(1, static_cast<std::int64_t>(slab->size()), 1);
+  mapped_counters().add(1, static_cast<std::int64_t>(slab->size()), 1);
 }
 
 void Slab::forget_inherited() noexcept {
-  std::lock_guard lock(detail::slab_lock());
+  std::lock_guard lock(slab_lock());
   slabs_by_inode().clear();  // only weak references: the inherited slabs are left as they are
-  detail::mapped_counters().slabs = 0;
-  detail::mapped_counters().bytes = 0;
-  detail::mapped_counters().descriptors = 0;
+  mapped_counters().slabs = 0;
+  mapped_counters().bytes = 0;
+  mapped_counters().descriptors = 0;
 }
 
 void Slab::unmap_inherited() noexcept {
   {
-    std::lock_guard lock(detail::slab_lock());
+    std::lock_guard lock(slab_lock());
     // The objects themselves are never destroyed here.
     slabs_by_inode().for_each_alive([](Slab& slab) { munmap(slab.data(), slab.size()); });
   }
@@ -137,26 +134,26 @@ void Slab::unmap_inherited() noexcept {
 Slab::~Slab() {
   std::vector<std::weak_ptr<ReleaseListener>> listeners;
   {
-    std::lock_guard lock(detail::slab_lock());
+    std::lock_guard lock(slab_lock());
     slabs_by_inode().forget_expired(InodeKey{device_, inode_});
     listeners = std::move(listeners_);
-    detail::mapped_counters().add(-1, -static_cast<std::int64_t>(size()), -1);
+    mapped_counters().add(-1, -static_cast<std::int64_t>(size()), -1);
   }
   for (auto& weak : listeners)
     if (auto listener = weak.lock()) listener->slab_released(id_);
 }
 
-bool Slab::owned() const noexcept { return owner_ != 0 && owner_ == detail::current_pid(); }
+bool Slab::owned() const noexcept { return owner_ != 0 && owner_ == current_pid(); }
 
 std::shared_ptr<Storage> Slab::live_block(std::size_t offset) {
-  std::lock_guard lock(detail::slab_lock());
+  std::lock_guard lock(slab_lock());
   auto it = live_.find(offset);
   return it == live_.end() ? nullptr : it->second.lock();
 }
 
 std::shared_ptr<Storage> Slab::receive_block(std::size_t offset, std::size_t bytes) {
   if (offset > size() || bytes > size() - offset) return nullptr;
-  std::lock_guard lock(detail::slab_lock());
+  std::lock_guard lock(slab_lock());
   if (auto it = live_.find(offset); it != live_.end())
     if (auto held = it->second.lock()) return held->size() == bytes ? held : nullptr;
   if (owned()) return nullptr;  // our own block must be one we handed out
@@ -172,19 +169,19 @@ std::shared_ptr<Storage> Slab::make_block(std::size_t offset, std::size_t bytes)
 void Slab::block_released(std::size_t offset) noexcept {
   bool ours;
   {
-    std::lock_guard lock(detail::slab_lock());
+    std::lock_guard lock(slab_lock());
     auto it = live_.find(offset);
     // Another storage may have been made for the offset since this one's count reached zero.
     if (it != live_.end() && it->second.expired()) live_.erase(it);
     ours = owned();
   }
-  if (ours) detail::SlabAllocator::instance().give_back(*this, offset);
+  if (ours) SlabAllocator::instance().give_back(*this, offset);
 }
 
 void Slab::notify_on_release(const std::shared_ptr<ReleaseListener>& listener) {
-  std::lock_guard lock(detail::slab_lock());
+  std::lock_guard lock(slab_lock());
   std::erase_if(listeners_, [](const auto& weak) { return weak.expired(); });
   listeners_.push_back(listener);
 }
 
-}  // namespace forkpool
+}  // namespace forkpool::detail

@@ -57,7 +57,7 @@ void SlabAllocator::set_recycling(bool on) {
   recycling_ = on;
 }
 
-std::shared_ptr<Storage> SlabAllocator::allocate(std::size_t bytes) {
+std::shared_ptr<detail::Storage> SlabAllocator::allocate(std::size_t bytes) {
   bool recycling;
   {
     std::lock_guard lock(slab_lock());
@@ -65,7 +65,7 @@ std::shared_ptr<Storage> SlabAllocator::allocate(std::size_t bytes) {
   }
   if (!recycling || bytes > kLargestBlock) {
     // A slab of its own, unmapped when the block is freed.
-    std::shared_ptr<Slab> slab = Slab::create(round_up(std::max<std::size_t>(bytes, 1), kPage));
+    std::shared_ptr<detail::Slab> slab = detail::Slab::create(round_up(std::max<std::size_t>(bytes, 1), kPage));
     std::lock_guard lock(slab_lock());
     in_use_bytes_ += slab->size();
     slab->handed_out_ = 1;
@@ -76,7 +76,7 @@ std::shared_ptr<Storage> SlabAllocator::allocate(std::size_t bytes) {
   if (size_class.with_free.empty()) {
     lock.unlock();  // making and paging in a slab takes a while; other threads go on meanwhile
     std::size_t slab_bytes = round_up(size_class.block_bytes, kSlabBytes);
-    std::shared_ptr<Slab> slab = Slab::create(slab_bytes);
+    std::shared_ptr<detail::Slab> slab = detail::Slab::create(slab_bytes);
     lock.lock();
     auto blocks = static_cast<std::uint32_t>(slab_bytes / size_class.block_bytes);
     slab->block_bytes_ = size_class.block_bytes;
@@ -85,7 +85,7 @@ std::shared_ptr<Storage> SlabAllocator::allocate(std::size_t bytes) {
     size_class.with_free.push_back(slab.get());
     size_class.slabs.push_back(std::move(slab));
   }
-  Slab& slab = *size_class.with_free.back();
+  detail::Slab& slab = *size_class.with_free.back();
   std::uint32_t block = slab.free_.back();
   slab.free_.pop_back();
   if (slab.free_.empty()) size_class.with_free.pop_back();
@@ -95,8 +95,8 @@ std::shared_ptr<Storage> SlabAllocator::allocate(std::size_t bytes) {
   return slab.make_block(block * size_class.block_bytes, size_class.block_bytes);
 }
 
-void SlabAllocator::give_back(Slab& slab, std::size_t offset) {
-  std::vector<std::shared_ptr<Slab>> unmapped;  // destroyed after the lock is let go
+void SlabAllocator::give_back(detail::Slab& slab, std::size_t offset) {
+  std::vector<std::shared_ptr<detail::Slab>> unmapped;  // destroyed after the lock is let go
   std::lock_guard lock(slab_lock());
   if (slab.block_bytes_ == 0) {
     in_use_bytes_ -= slab.size();  // a slab of its own goes with its block's storage
@@ -118,8 +118,8 @@ void SlabAllocator::give_back(Slab& slab, std::size_t offset) {
   unmapped = trim();
 }
 
-void SlabAllocator::retire(Slab& slab) {
-  std::vector<std::shared_ptr<Slab>> unmapped;
+void SlabAllocator::retire(detail::Slab& slab) {
+  std::vector<std::shared_ptr<detail::Slab>> unmapped;
   std::lock_guard lock(slab_lock());
   if (slab.block_bytes_ == 0 || slab.retired_ || !slab.owned()) return;
   slab.retired_ = true;
@@ -129,25 +129,25 @@ void SlabAllocator::retire(Slab& slab) {
   if (slab.handed_out_ == 0) unmapped.push_back(remove_slab(slab));
 }
 
-std::shared_ptr<Slab> SlabAllocator::remove_slab(Slab& slab) {
+std::shared_ptr<detail::Slab> SlabAllocator::remove_slab(detail::Slab& slab) {
   SizeClass& size_class = classes_[class_index(slab.block_bytes_)];
   std::erase(size_class.with_free, &slab);
   auto it = std::find_if(size_class.slabs.begin(), size_class.slabs.end(),
                          [&](const auto& held) { return held.get() == &slab; });
-  std::shared_ptr<Slab> removed = std::move(*it);
+  std::shared_ptr<detail::Slab> removed = std::move(*it);
   size_class.slabs.erase(it);
   if (!slab.retired_) cached_bytes_ -= slab.free_.size() * slab.block_bytes_;
   return removed;
 }
 
-std::vector<std::shared_ptr<Slab>> SlabAllocator::trim() {
-  std::vector<std::shared_ptr<Slab>> unmapped;
+std::vector<std::shared_ptr<detail::Slab>> SlabAllocator::trim() {
+  std::vector<std::shared_ptr<detail::Slab>> unmapped;
   // Largest classes first: the fewest slabs give back the most.
   for (std::size_t i = classes_.size(); i-- > 0 && cached_bytes_ > cache_limit_;) {
-    std::vector<Slab*> free_slabs;
+    std::vector<detail::Slab*> free_slabs;
     for (const auto& slab : classes_[i].slabs)
       if (slab->handed_out_ == 0) free_slabs.push_back(slab.get());
-    for (Slab* slab : free_slabs) {
+    for (detail::Slab* slab : free_slabs) {
       if (cached_bytes_ <= cache_limit_) break;
       unmapped.push_back(remove_slab(*slab));
     }
@@ -163,7 +163,7 @@ SharedMemoryStats SlabAllocator::stats() {
 }
 
 void SlabAllocator::set_cache_limit(std::size_t bytes) {
-  std::vector<std::shared_ptr<Slab>> unmapped;
+  std::vector<std::shared_ptr<detail::Slab>> unmapped;
   std::lock_guard lock(slab_lock());
   cache_limit_ = bytes;
   unmapped = trim();

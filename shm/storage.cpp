@@ -22,7 +22,7 @@
 #include <forkpool/shm/private/slab_allocator.hpp>
 #include <forkpool/runtime/private/errno.hpp>
 
-namespace forkpool {
+namespace forkpool::detail {
 namespace {
 
 // A named segment starts with this header; the tensor bytes follow it.
@@ -33,14 +33,13 @@ struct SegmentHeader {
 static_assert(sizeof(SegmentHeader) == 64);
 constexpr std::size_t kSegmentDataOffset = sizeof(SegmentHeader);
 
-using detail::InodeKey;
 
 // The storages this process maps, by inode: receiving one again reuses the mapping. Tensors
 // may be released on any thread; the lock is held across fork() so a child never inherits it
 // taken.
 struct MappedStorages {
   std::mutex mutex;
-  detail::InodeCache<Storage> by_inode;
+  InodeCache<Storage> by_inode;
 
   MappedStorages() {
     pthread_atfork([] { instance().mutex.lock(); }, [] { instance().mutex.unlock(); },
@@ -58,7 +57,7 @@ std::string random_segment_name() {
   auto bits = (static_cast<unsigned long long>(entropy()) << 32) | entropy();
   char suffix[17];
   std::snprintf(suffix, sizeof suffix, "%016llx", bits);
-  return std::string(detail::kSegmentPrefix) + std::to_string(getpid()) + "-" + suffix;
+  return std::string(kSegmentPrefix) + std::to_string(getpid()) + "-" + suffix;
 }
 
 struct stat stat_of(int fd, const char* what) {
@@ -75,15 +74,15 @@ Storage::Storage() {
 }
 
 void Storage::allocate_named(Storage& storage, std::size_t bytes) {
-  detail::start_name_tracker();  // first: no segment is made that no tracker would clean up
+  start_name_tracker();  // first: no segment is made that no tracker would clean up
   for (int attempt = 0; !storage.fd_; ++attempt) {
     storage.name_ = random_segment_name();
-    int fd = open(detail::segment_path(storage.name_).c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    int fd = open(segment_path(storage.name_).c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd >= 0) storage.fd_.reset(fd);
-    else if (errno != EEXIST || attempt > 8) detail::throw_last_errno("forkpool: creating a /dev/shm segment");
+    else if (errno != EEXIST || attempt > 8) throw_last_errno("forkpool: creating a /dev/shm segment");
   }
   try {
-    detail::track_segment_name(storage.name_);
+    track_segment_name(storage.name_);
     // Reserved now, or an exception now: a sparse segment larger than /dev/shm's free space
     // would "succeed" here and SIGBUS on first touch.
     std::size_t total = kSegmentDataOffset + bytes;
@@ -92,14 +91,14 @@ void Storage::allocate_named(Storage& storage, std::size_t bytes) {
                               "forkpool: reserving " + std::to_string(total) + " bytes in /dev/shm");
     storage.mapping_ = Mapping::map(storage.fd_.get(), total, PROT_READ | PROT_WRITE);
   } catch (...) {
-    unlink(detail::segment_path(storage.name_).c_str());
-    detail::untrack_segment_name(storage.name_);
+    unlink(segment_path(storage.name_).c_str());
+    untrack_segment_name(storage.name_);
     throw;
   }
   storage.kind_ = Kind::named;
   storage.data_ = storage.mapping_.data() + kSegmentDataOffset;
   storage.holders()->store(1);
-  detail::mapped_counters().add(0, static_cast<std::int64_t>(storage.mapping_.size()), 1);
+  mapped_counters().add(0, static_cast<std::int64_t>(storage.mapping_.size()), 1);
 }
 
 bool Storage::segment_intact() const noexcept {
@@ -108,7 +107,7 @@ bool Storage::segment_intact() const noexcept {
 }
 
 std::shared_ptr<Storage> Storage::allocate(std::size_t bytes) {
-  if (get_sharing_strategy() == SharingStrategy::file_descriptor) return detail::SlabAllocator::instance().allocate(bytes);
+  if (get_sharing_strategy() == SharingStrategy::file_descriptor) return SlabAllocator::instance().allocate(bytes);
   std::shared_ptr<Storage> storage(new Storage());
   allocate_named(*storage, bytes);
   storage->size_ = bytes;
@@ -152,14 +151,14 @@ std::shared_ptr<Storage> Storage::adopt_memfd(UniqueFd fd, std::size_t min_bytes
   storage->size_ = size;
   storage->fd_ = std::move(fd);
   remember(storage, st.st_dev, st.st_ino);
-  detail::mapped_counters().add(0, static_cast<std::int64_t>(size), 1);
+  mapped_counters().add(0, static_cast<std::int64_t>(size), 1);
   return storage;
 }
 
 std::shared_ptr<Storage> Storage::adopt_named(const std::string& name, std::size_t min_bytes) {
-  if (!detail::is_segment_name(name))
+  if (!is_segment_name(name))
     throw ProtocolError("forkpool: \"" + name + "\" is not a forkpool segment name");
-  UniqueFd fd(open(detail::segment_path(name).c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW));
+  UniqueFd fd(open(segment_path(name).c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW));
   if (!fd) throw ProtocolError("forkpool: cannot open segment " + name + ": " + strerror(errno));
   struct stat st = stat_of(fd.get(), "forkpool: segment");
   if (!S_ISREG(st.st_mode)) throw ProtocolError("forkpool: segment " + name + " is not a regular file");
@@ -174,9 +173,9 @@ std::shared_ptr<Storage> Storage::adopt_named(const std::string& name, std::size
   std::shared_ptr<Storage> storage(new Storage());
   storage->kind_ = Kind::named;
   storage->name_ = name;
-  detail::track_segment_name(name);
+  track_segment_name(name);
   storage->mapping_ = Mapping::map(fd.get(), size, PROT_READ | PROT_WRITE);
-  detail::mapped_counters().add(0, static_cast<std::int64_t>(size), 1);
+  mapped_counters().add(0, static_cast<std::int64_t>(size), 1);
   storage->data_ = storage->mapping_.data() + kSegmentDataOffset;
   storage->size_ = size - kSegmentDataOffset;
   storage->fd_ = std::move(fd);
@@ -191,7 +190,7 @@ Storage::~Storage() {
     slab_->block_released(slab_offset_);
     return;
   }
-  if (mapping_.data()) detail::mapped_counters().add(0, -static_cast<std::int64_t>(mapping_.size()), -1);
+  if (mapping_.data()) mapped_counters().add(0, -static_cast<std::int64_t>(mapping_.size()), -1);
   if (cached_) {
     auto& cache = MappedStorages::instance();
     std::lock_guard lock(cache.mutex);
@@ -203,8 +202,8 @@ Storage::~Storage() {
     // The last holder anywhere: the name is no longer needed by any process. (Otherwise a
     // message may still carry it: this process stays registered, so that its death dooms the
     // name unless a receiver registers in time.)
-    unlink(detail::segment_path(name_).c_str());
-    detail::untrack_segment_name(name_);
+    unlink(segment_path(name_).c_str());
+    untrack_segment_name(name_);
   }
   if (release_) release_();
 }
@@ -249,4 +248,4 @@ void Storage::remember(const std::shared_ptr<Storage>& storage, dev_t device, in
   cache.by_inode.remember(InodeKey{device, inode}, storage);
 }
 
-}  // namespace forkpool
+}  // namespace forkpool::detail

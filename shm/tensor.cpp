@@ -42,7 +42,7 @@ Tensor Tensor::empty(std::vector<std::int64_t> shape, DType dtype) {
   std::vector<std::int64_t> strides = detail::contiguous_strides(shape);
   auto extent = detail::view_extent(shape, strides, element_size(dtype));
   if (!extent) throw std::invalid_argument("forkpool: Tensor shape has a negative or too large size");
-  return from_storage(Storage::allocate(*extent), 0, std::move(shape), std::move(strides), dtype);
+  return from_storage(detail::Storage::allocate(*extent), 0, std::move(shape), std::move(strides), dtype);
 }
 
 Tensor Tensor::zeros(std::vector<std::int64_t> shape, DType dtype) {
@@ -51,7 +51,7 @@ Tensor Tensor::zeros(std::vector<std::int64_t> shape, DType dtype) {
   return t;
 }
 
-Tensor Tensor::from_storage(std::shared_ptr<Storage> storage, std::int64_t byte_offset,
+Tensor Tensor::from_storage(std::shared_ptr<detail::Storage> storage, std::int64_t byte_offset,
                             std::vector<std::int64_t> shape, std::vector<std::int64_t> strides, DType dtype) {
   auto extent = detail::view_extent(shape, strides, element_size(dtype));
   if (!extent || byte_offset < 0 || !storage ||

@@ -41,7 +41,7 @@ class Tensor {
     return t;
   }
   // A tensor over existing storage. Throws std::invalid_argument when the view does not fit in it.
-  static Tensor from_storage(std::shared_ptr<Storage> storage, std::int64_t byte_offset,
+  static Tensor from_storage(std::shared_ptr<detail::Storage> storage, std::int64_t byte_offset,
                              std::vector<std::int64_t> shape, std::vector<std::int64_t> strides, DType dtype);
 
   std::span<const std::int64_t> shape() const noexcept { return shape_; }
@@ -71,11 +71,11 @@ class Tensor {
   // Elements [begin, end) along `dim` (negative dim counts from the end); shares the storage.
   Tensor slice(int dim, std::int64_t begin, std::int64_t end) const;
 
-  const std::shared_ptr<Storage>& storage() const noexcept { return storage_; }
+  const std::shared_ptr<detail::Storage>& storage() const noexcept { return storage_; }
   std::int64_t storage_offset() const noexcept { return offset_; }  // in bytes
 
  private:
-  std::shared_ptr<Storage> storage_;
+  std::shared_ptr<detail::Storage> storage_;
   std::int64_t offset_ = 0;
   std::vector<std::int64_t> shape_;
   std::vector<std::int64_t> strides_;

@@ -38,7 +38,7 @@ void codec<Tensor>::encode(Writer& w, const Tensor& tensor) {
   if (auto index = storage->slab() && conversation ? conversation->block_index(storage) : std::nullopt) {
     w.write(StorageKind::block);
     w.write(*index);
-  } else if (Slab* slab = storage->slab()) {
+  } else if (detail::Slab* slab = storage->slab()) {
     // No conversation to say when the receiver lets go: the whole slab crosses, and its blocks
     // are never handed out again (the slab goes once those in use come back).
     detail::SlabAllocator::instance().retire(*slab);
@@ -82,10 +82,10 @@ Tensor codec<Tensor>::decode(Reader& r) {
     r.fail("tensor view (offset " + std::to_string(offset) + ", " + std::to_string(*extent) +
            " bytes) exceeds its storage of " + std::to_string(storage_size) + " bytes");
 
-  std::shared_ptr<Storage> storage;
+  std::shared_ptr<detail::Storage> storage;
   switch (kind) {
-    case StorageKind::memfd: storage = Storage::adopt_memfd(r.take_fd(index), storage_size); break;
-    case StorageKind::named: storage = Storage::adopt_named(name, storage_size); break;
+    case StorageKind::memfd: storage = detail::Storage::adopt_memfd(r.take_fd(index), storage_size); break;
+    case StorageKind::named: storage = detail::Storage::adopt_named(name, storage_size); break;
     default: {
       auto* conversation = dynamic_cast<const detail::StorageConversation*>(r.context());
       storage = conversation ? conversation->block_at(index) : nullptr;

@@ -10,11 +10,6 @@
 
 namespace forkpool::detail {
 
-Deadline deadline_after(std::chrono::nanoseconds timeout) {
-  if (timeout == std::chrono::nanoseconds::max()) return std::nullopt;
-  return std::chrono::steady_clock::now() + std::max(timeout, std::chrono::nanoseconds::zero());
-}
-
 int poll_timeout(Deadline deadline) {
   if (!deadline) return -1;
   // Rounded up: a short wait is not a busy one.

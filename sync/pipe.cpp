@@ -39,7 +39,7 @@ void check_connection(const ConnectionEnd& end, bool for_sending) {
 
 bool connection_poll(const ConnectionEnd& end, std::chrono::nanoseconds timeout) {
   check_connection(end, false);
-  return wait_for_fd(end.channel.fd(), POLLIN, deadline_after(timeout), "forkpool: Connection::poll");
+  return wait_for_fd(end.channel.fd(), POLLIN, deadline_unless_forever(timeout), "forkpool: Connection::poll");
 }
 
 }  // namespace detail
@@ -47,7 +47,7 @@ bool connection_poll(const ConnectionEnd& end, std::chrono::nanoseconds timeout)
 std::vector<int> wait_ready(std::span<const int> fds, std::chrono::nanoseconds timeout) {
   std::vector<pollfd> polled;
   for (int fd : fds) polled.push_back({fd, POLLIN, 0});
-  detail::Deadline deadline = detail::deadline_after(timeout);
+  detail::Deadline deadline = detail::deadline_unless_forever(timeout);
   for (;;) {
     int ready = ::poll(polled.data(), polled.size(), detail::poll_timeout(deadline));
     if (ready < 0 && errno == EINTR) continue;

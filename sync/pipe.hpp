@@ -35,9 +35,9 @@ namespace detail {
 
 // A Connection's end of the socket, shared by the copies of one process.
 struct ConnectionEnd {
-  ConnectionEnd(Channel end, bool can_read, bool can_write)
+  ConnectionEnd(detail::Channel end, bool can_read, bool can_write)
       : channel(std::move(end)), readable(can_read), writable(can_write) {}
-  Channel channel;
+  detail::Channel channel;
   std::mutex receiving;  // the channel's receive buffer is one per channel
   bool readable, writable;
 };
@@ -62,14 +62,14 @@ class Connection {
   T recv() {
     detail::check_connection(*end_, false);
     std::lock_guard turn(end_->receiving);
-    Message message = end_->channel.receive();
+    detail::Message message = end_->channel.receive();
     return detail::decode_item<T>(message);
   }
   // On the calling thread's loop; resumes inside the turn that received the value.
   Task<T> async_recv() {
     auto end = end_;
     detail::check_connection(*end, false);
-    Message message = co_await end->channel.async_receive();
+    detail::Message message = co_await end->channel.async_receive();
     co_return detail::decode_item<T>(message);
   }
   // Whether recv() would return (or throw ChannelClosed) without waiting longer than `timeout`.
@@ -77,7 +77,7 @@ class Connection {
     return detail::connection_poll(*end_, timeout);
   }
   // This process's copies of this end stop: the other side reads to the end, then ChannelClosed.
-  void close() { end_->channel = Channel(UniqueFd()); }
+  void close() { end_->channel = detail::Channel(UniqueFd()); }
   bool closed() const noexcept { return end_->channel.fd() < 0; }
   // Readable when a value (or the end) is waiting: for poll(2), or wait_ready() beside others.
   int fd() const noexcept { return end_->channel.fd(); }
@@ -95,7 +95,7 @@ class Connection {
 // order); a call the end does not allow throws std::logic_error. Throws std::system_error.
 template <class T>
 std::pair<Connection<T>, Connection<T>> Pipe(bool duplex = true) {
-  auto [first, second] = Channel::make_pair();
+  auto [first, second] = detail::Channel::make_pair();
   return {Connection<T>(std::make_shared<detail::ConnectionEnd>(std::move(first), true, duplex)),
           Connection<T>(std::make_shared<detail::ConnectionEnd>(std::move(second), duplex, true))};
 }

@@ -19,6 +19,7 @@
 
 #include <forkpool/ipc/codec.hpp>
 #include <forkpool/ipc/internal/channel.hpp>
+#include <forkpool/runtime/internal/deadline.hpp>
 #include <forkpool/runtime/task.hpp>
 
 namespace forkpool {
@@ -28,7 +29,7 @@ namespace detail {
 // An item as it crosses: written by `write`, its tensors' blocks lent (pool/internal/
 // queue_memory.hpp); and read back by `read` from a message, the blocks borrowed.
 Writer encode_queue_item(const std::function<void(Writer&)>& write);
-void decode_queue_item(Message& message, const std::function<void(Reader&)>& read);
+void decode_queue_item(detail::Message& message, const std::function<void(Reader&)>& read);
 
 // One T as it crosses a queue or a pipe: encoded with its tensors lent, and decoded back.
 template <class T>
@@ -36,7 +37,7 @@ Writer encode_item(const T& item) {
   return encode_queue_item([&](Writer& w) { w.write(item); });
 }
 template <class T>
-T decode_item(Message& message) {
+T decode_item(detail::Message& message) {
   std::optional<T> item;
   decode_queue_item(message, [&](Reader& in) {
     item.emplace(in.read<T>());
@@ -48,8 +49,6 @@ T decode_item(Message& message) {
 // The untyped queue: items as messages on a socketpair (put into one end, got from the other),
 // and, when bounded, one token per free place in a pipe (put takes one, get gives one back).
 // Any thread: puts build a frame each; gets wait with poll() and then take turns to receive.
-using Deadline = std::optional<std::chrono::steady_clock::time_point>;  // none: for ever
-Deadline deadline_after(std::chrono::nanoseconds timeout);               // nanoseconds::max(): none
 
 class SharedPage;
 struct QueueInternals;
@@ -67,8 +66,8 @@ class QueueCore {
   bool put(const Writer& item, Deadline deadline);
   Task<void> async_put(Writer item);
   // Nothing when `deadline` passed first; `deadline` now: get_nowait.
-  std::optional<Message> get(Deadline deadline);
-  Task<Message> async_get();
+  std::optional<detail::Message> get(Deadline deadline);
+  Task<detail::Message> async_get();
 
   void close() noexcept { closed_ = true; }
   std::size_t maxsize() const noexcept { return maxsize_; }
@@ -95,14 +94,14 @@ class QueueCore {
   // One item if one is waiting, never blocking. Consumers in every process take turns (a
   // robust mutex in the queue's page; nobody waits while holding the turn), so a consumer that
   // dies in the middle of a take is noticed by the next, which gives its place back.
-  std::optional<Message> try_take();
+  std::optional<detail::Message> try_take();
   // The consumers' turn (held for a few system calls). Taking it from a holder that died
   // settles what that holder left half done. enter_turn(false): false when busy.
   bool enter_turn(bool wait);
   void leave_turn() noexcept;
   // The steps of a take, each recorded in the page (tests stop a consumer between them).
   std::optional<std::uint64_t> begin_take();
-  std::optional<Message> receive_taken();
+  std::optional<detail::Message> receive_taken();
   void end_take();
   // After a consumer died holding the turn: its place back, if it had taken its item.
   void settle_abandoned_take();
@@ -110,7 +109,7 @@ class QueueCore {
   void recover_abandoned_take();
 
   std::size_t maxsize_;
-  Channel put_end_, get_end_;
+  detail::Channel put_end_, get_end_;
   std::shared_ptr<SharedPage> page_;
   UniqueFd tokens_out_, tokens_in_;  // read a token from out; write one into in
   bool closed_ = false;
@@ -131,10 +130,10 @@ class Queue {
   void put(T item) { core_->put(encode_item(item), std::nullopt); }
   // false when the queue stayed full for `timeout`.
   bool put(T item, std::chrono::nanoseconds timeout) {
-    return core_->put(encode_item(item), detail::deadline_after(timeout));
+    return core_->put(encode_item(item), detail::deadline_unless_forever(timeout));
   }
   T get() { return *take_if(core_->get(std::nullopt)); }
-  std::optional<T> get(std::chrono::nanoseconds timeout) { return take_if(core_->get(detail::deadline_after(timeout))); }
+  std::optional<T> get(std::chrono::nanoseconds timeout) { return take_if(core_->get(detail::deadline_unless_forever(timeout))); }
   std::optional<T> get_nowait() { return take_if(core_->get(std::chrono::steady_clock::now())); }
 
   // On the calling thread's loop; they resume inside the loop's turn that completed them.
@@ -144,7 +143,7 @@ class Queue {
   }
   Task<T> async_get() {
     auto core = core_;
-    Message message = co_await core->async_get();
+    detail::Message message = co_await core->async_get();
     co_return take(message);
   }
 
@@ -165,8 +164,8 @@ class Queue {
   friend struct codec<Queue<T>>;
 
   static Writer encode_item(const T& item) { return detail::encode_item(item); }
-  static T take(Message& message) { return detail::decode_item<T>(message); }
-  static std::optional<T> take_if(std::optional<Message> message) {
+  static T take(detail::Message& message) { return detail::decode_item<T>(message); }
+  static std::optional<T> take_if(std::optional<detail::Message> message) {
     if (!message) return std::nullopt;
     return take(*message);
   }
@@ -183,7 +182,7 @@ class JoinableQueue : public Queue<T> {
   void task_done() { this->core_->task_done(); }
   void join() { this->core_->join_tasks(std::nullopt); }
   // False when items were still unfinished after `timeout`.
-  bool join(std::chrono::nanoseconds timeout) { return this->core_->join_tasks(detail::deadline_after(timeout)); }
+  bool join(std::chrono::nanoseconds timeout) { return this->core_->join_tasks(detail::deadline_unless_forever(timeout)); }
 
  private:
   friend struct codec<JoinableQueue<T>>;

@@ -86,7 +86,7 @@ Semaphore::Semaphore(int value, bool bounded) {
 void Semaphore::acquire() { acquire_until(state_of(*page_), std::nullopt); }
 
 bool Semaphore::acquire(std::chrono::nanoseconds timeout) {
-  return acquire_until(state_of(*page_), detail::deadline_after(timeout));
+  return acquire_until(state_of(*page_), detail::deadline_unless_forever(timeout));
 }
 
 bool Semaphore::try_acquire() { return acquire(0ns); }

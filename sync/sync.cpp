@@ -52,12 +52,12 @@ void Event::clear() {
 bool Event::is_set() const { return wait(std::chrono::nanoseconds::zero()); }
 
 bool Event::wait(std::chrono::nanoseconds timeout) const {
-  return detail::wait_for_fd(fd(), POLLIN, detail::deadline_after(timeout), "forkpool: Event::wait");
+  return detail::wait_for_fd(fd(), POLLIN, detail::deadline_unless_forever(timeout), "forkpool: Event::wait");
 }
 
 Task<void> Event::async_wait() const {
   auto state = state_;  // the event outlives the wait
-  int rc = co_await wait_readable(state->fd.get());
+  int rc = co_await detail::wait_readable(state->fd.get());
   if (rc < 0) throw std::system_error(-rc, std::generic_category(), "forkpool: Event::async_wait");
   co_return;
 }
@@ -103,7 +103,7 @@ bool Lock::try_lock() { return took(pthread_mutex_trylock(&page_->as<LockState>(
 
 bool Lock::try_lock_for(std::chrono::nanoseconds timeout) {
   // pthread's timed lock takes a CLOCK_REALTIME deadline; the _clock form, the steady one's.
-  __kernel_timespec when = to_kernel_time(forkpool::deadline_after(timeout));  // saturates: "for ever"
+  __kernel_timespec when = detail::to_kernel_time(detail::deadline_after(timeout));  // saturates: "for ever"
   timespec deadline{static_cast<time_t>(when.tv_sec), static_cast<long>(when.tv_nsec)};
   int rc = pthread_mutex_clocklock(&page_->as<LockState>()->mutex, CLOCK_MONOTONIC, &deadline);
   return took(rc);
@@ -129,11 +129,6 @@ void Lock::unlock() {
 void codec<Lock>::encode(Writer& w, const Lock& lock) { w.write(w.attach_fd(lock.page_->fd(), lock.page_)); }
 Lock codec<Lock>::decode(Reader& r) { return Lock(detail::SharedPage::adopt(r.take_fd(r.read<std::uint32_t>()))); }
 
-namespace detail {
-std::chrono::steady_clock::time_point deadline_from_now(std::chrono::nanoseconds timeout) {
-  return forkpool::deadline_after(timeout);  // saturates
-}
-}  // namespace detail
 
 using detail::RobustGuard;
 
@@ -153,7 +148,7 @@ bool Condition::wait_for(std::unique_lock<Lock>& held, std::chrono::nanoseconds 
   if (!held.owns_lock()) throw std::logic_error("forkpool: Condition::wait without its lock held");
   auto& sequence = page_->as<ConditionState>()->sequence;
   std::uint32_t seen = sequence.load();
-  auto deadline = detail::deadline_from_now(timeout);
+  auto deadline = detail::deadline_after(timeout);
   held.unlock();
   // Slices: a timeout of "for ever" would overflow a timespec.
   while (sequence.load() == seen) {
@@ -277,7 +272,7 @@ std::optional<int> Barrier::round_over(const Arrival& arrival, std::chrono::stea
 
 int Barrier::wait(std::chrono::nanoseconds timeout) {
   BarrierState& state = *page_->as<BarrierState>();
-  auto deadline = detail::deadline_from_now(timeout);
+  auto deadline = detail::deadline_after(timeout);
   Arrival arrival = arrive();
   if (arrival.last) return arrival.index;
   for (;;) {

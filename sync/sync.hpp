@@ -12,15 +12,13 @@
 
 #include <forkpool/ipc/codec.hpp>
 #include <forkpool/runtime/error.hpp>
+#include <forkpool/runtime/internal/deadline.hpp>
 #include <forkpool/runtime/task.hpp>
 
 namespace forkpool {
 
 namespace detail {
 class SharedPage;
-inline constexpr std::chrono::nanoseconds kForever = std::chrono::nanoseconds::max();
-// now + timeout, saturating: kForever is a deadline that never comes.
-std::chrono::steady_clock::time_point deadline_from_now(std::chrono::nanoseconds timeout);
 }  // namespace detail
 
 // A flag every process can set, clear and wait for. Any thread.
@@ -119,7 +117,7 @@ class Condition {
   // ready()'s last value: false when `timeout` passed first.
   template <class Predicate>
   bool wait_for(std::unique_lock<Lock>& held, std::chrono::nanoseconds timeout, Predicate ready) {
-    auto deadline = detail::deadline_from_now(timeout);
+    auto deadline = detail::deadline_after(timeout);
     while (!ready()) {
       auto left = deadline - std::chrono::steady_clock::now();
       if (left <= std::chrono::nanoseconds::zero()) return ready();

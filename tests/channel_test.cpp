@@ -21,7 +21,7 @@ namespace forkpool {
 namespace {
 
 std::span<const std::byte> bytes_of(const std::string& s) { return std::as_bytes(std::span(s.data(), s.size())); }
-std::string string_of(const Message& m) {
+std::string string_of(const detail::Message& m) {
   auto b = m.payload.bytes();
   return std::string(reinterpret_cast<const char*>(b.data()), b.size());
 }
@@ -41,11 +41,11 @@ std::string read_all(int fd) {
 }
 
 TEST(Channel, CarriesKindIdPayloadAndADescriptor) {
-  auto [a, b] = Channel::make_pair();
+  auto [a, b] = detail::Channel::make_pair();
   std::vector<UniqueFd> fds;
   fds.push_back(pipe_read_end("through the pipe"));
-  a.send(7, 99, bytes_of("payload"), raw_fds(fds));
-  Message m = b.receive();
+  a.send(7, 99, bytes_of("payload"), detail::raw_fds(fds));
+  detail::Message m = b.receive();
   EXPECT_EQ(m.kind, 7);
   EXPECT_EQ(m.request_id, 99u);
   EXPECT_EQ(string_of(m), "payload");
@@ -58,45 +58,45 @@ TEST(Channel, CarriesKindIdPayloadAndADescriptor) {
 // sent before it went (a worker's initializer error) is still read, then end-of-file.
 TEST(Channel, APeersLastMessagesAreReadThoughItClosedWithOursUnread) {
   for (int form = 0; form < 3; ++form) {
-    auto [ours, theirs] = Channel::make_pair();
+    auto [ours, theirs] = detail::Channel::make_pair();
     std::vector<std::byte> last_word(8, std::byte{7});
     theirs.send(3, 0, last_word);
     ours.send(1, 42, last_word);  // never read
-    theirs = Channel(UniqueFd());  // closed with our message in its queue
-    Message got;
+    theirs = detail::Channel(UniqueFd());  // closed with our message in its queue
+    detail::Message got;
     if (form == 0) got = ours.receive();
     if (form == 1) got = *ours.try_receive();
     if (form == 2) got = run(ours.async_receive());
     EXPECT_EQ(got.kind, 3) << "form " << form;
     EXPECT_EQ(got.payload.bytes().size(), 8u);
-    EXPECT_THROW(ours.receive(), ChannelClosed);
+    EXPECT_THROW(ours.receive(), detail::ChannelClosed);
   }
 }
 
 TEST(Channel, CarriesTheMaximumNumberOfDescriptors) {
-  auto [a, b] = Channel::make_pair();
+  auto [a, b] = detail::Channel::make_pair();
   std::vector<UniqueFd> fds;
-  for (std::size_t i = 0; i < kMaxMessageFds; ++i) fds.push_back(pipe_read_end(std::to_string(i)));
-  a.send(1, 1, {}, raw_fds(fds));
-  Message m = b.receive();
-  ASSERT_EQ(m.fds.size(), kMaxMessageFds);
+  for (std::size_t i = 0; i < detail::kMaxMessageFds; ++i) fds.push_back(pipe_read_end(std::to_string(i)));
+  a.send(1, 1, {}, detail::raw_fds(fds));
+  detail::Message m = b.receive();
+  ASSERT_EQ(m.fds.size(), detail::kMaxMessageFds);
   EXPECT_EQ(read_all(m.fds[0].get()), "0");
-  EXPECT_EQ(read_all(m.fds[kMaxMessageFds - 1].get()), std::to_string(kMaxMessageFds - 1));
+  EXPECT_EQ(read_all(m.fds[detail::kMaxMessageFds - 1].get()), std::to_string(detail::kMaxMessageFds - 1));
 }
 
 TEST(Channel, RefusesToSendMoreThanTheMaximumOfDescriptors) {
-  auto [a, b] = Channel::make_pair();
+  auto [a, b] = detail::Channel::make_pair();
   std::vector<UniqueFd> fds;
-  for (std::size_t i = 0; i <= kMaxMessageFds; ++i) fds.push_back(pipe_read_end("x"));
-  EXPECT_THROW(a.send(1, 1, {}, raw_fds(fds)), Error);
+  for (std::size_t i = 0; i <= detail::kMaxMessageFds; ++i) fds.push_back(pipe_read_end("x"));
+  EXPECT_THROW(a.send(1, 1, {}, detail::raw_fds(fds)), Error);
 }
 
 TEST(Channel, CarriesA64MiBPayloadThroughASealedMemfd) {
-  auto [a, b] = Channel::make_pair();
+  auto [a, b] = detail::Channel::make_pair();
   std::string big(64 << 20, '\0');
   for (std::size_t i = 0; i < big.size(); i += 4096) big[i] = static_cast<char>(i / 4096);
   a.send(2, 3, bytes_of(big));
-  Message m = b.receive();
+  detail::Message m = b.receive();
   EXPECT_EQ(m.payload.bytes().size(), big.size());
   EXPECT_TRUE(m.fds.empty());
   EXPECT_EQ(std::memcmp(m.payload.bytes().data(), big.data(), big.size()), 0);
@@ -121,7 +121,7 @@ void send_raw(int fd, const void* data, std::size_t size, std::vector<int> fds =
   ASSERT_GE(sendmsg(fd, &msg, MSG_NOSIGNAL), 0);
 }
 
-void expect_protocol_error(Channel& receiver, const char* fragment) {
+void expect_protocol_error(detail::Channel& receiver, const char* fragment) {
   try {
     receiver.receive();
     FAIL() << "no ProtocolError";
@@ -130,36 +130,36 @@ void expect_protocol_error(Channel& receiver, const char* fragment) {
   }
 }
 
-FrameHeader header(std::uint16_t fd_count, std::uint64_t payload, std::uint32_t flags = 0) {
-  return FrameHeader{kFrameMagic, 1, fd_count, flags, 0, payload, 1};
+detail::FrameHeader header(std::uint16_t fd_count, std::uint64_t payload, std::uint32_t flags = 0) {
+  return detail::FrameHeader{detail::kFrameMagic, 1, fd_count, flags, 0, payload, 1};
 }
 
 TEST(Channel, ATruncatedFrameIsAProtocolError) {
-  auto [a, b] = Channel::make_pair();
+  auto [a, b] = detail::Channel::make_pair();
   char three[3] = {1, 2, 3};
   send_raw(a.fd(), three, sizeof three);
   expect_protocol_error(b, "shorter than a header");
-  FrameHeader h = header(0, 100);  // claims 100 bytes, carries none
+  detail::FrameHeader h = header(0, 100);  // claims 100 bytes, carries none
   send_raw(a.fd(), &h, sizeof h);
   expect_protocol_error(b, "announces 100 payload bytes, 0 arrived");
 }
 
 TEST(Channel, AnOversizedDatagramIsAProtocolError) {
-  auto [a, b] = Channel::make_pair();
+  auto [a, b] = detail::Channel::make_pair();
   int size = 1 << 20;
   setsockopt(a.fd(), SOL_SOCKET, SO_SNDBUF, &size, sizeof size);
-  std::vector<char> big(sizeof(FrameHeader) + kInlinePayloadMax + 100);
-  FrameHeader h = header(0, big.size() - sizeof(FrameHeader));
+  std::vector<char> big(sizeof(detail::FrameHeader) + detail::kInlinePayloadMax + 100);
+  detail::FrameHeader h = header(0, big.size() - sizeof(detail::FrameHeader));
   std::memcpy(big.data(), &h, sizeof h);
   send_raw(a.fd(), big.data(), big.size());
   expect_protocol_error(b, "MSG_TRUNC");
 }
 
 TEST(Channel, ADescriptorCountMismatchIsAProtocolErrorAndClosesWhatArrived) {
-  auto [a, b] = Channel::make_pair();
+  auto [a, b] = detail::Channel::make_pair();
   int before = test_support::open_fd_count();
   UniqueFd fd = pipe_read_end("x");
-  FrameHeader h = header(2, 0);  // announces two, carries one
+  detail::FrameHeader h = header(2, 0);  // announces two, carries one
   send_raw(a.fd(), &h, sizeof h, {fd.get()});
   expect_protocol_error(b, "announces 2 descriptors, 1 arrived");
   fd.reset();
@@ -167,29 +167,29 @@ TEST(Channel, ADescriptorCountMismatchIsAProtocolErrorAndClosesWhatArrived) {
 }
 
 TEST(Channel, AnUnsealedPayloadMemfdIsAProtocolError) {
-  auto [a, b] = Channel::make_pair();
+  auto [a, b] = detail::Channel::make_pair();
   UniqueFd unsealed = create_memfd("unsealed", 1 << 20);
-  FrameHeader h = header(1, 1 << 20, kPayloadInMemfd);
+  detail::FrameHeader h = header(1, 1 << 20, detail::kPayloadInMemfd);
   send_raw(a.fd(), &h, sizeof h, {unsealed.get()});
   expect_protocol_error(b, "not sealed");
 }
 
 TEST(Channel, AShortPayloadMemfdIsAProtocolError) {
-  auto [a, b] = Channel::make_pair();
+  auto [a, b] = detail::Channel::make_pair();
   UniqueFd small = create_memfd("short", 4096);
   seal_size(small.get());
-  FrameHeader h = header(1, 1 << 20, kPayloadInMemfd);  // claims more than the memfd holds
+  detail::FrameHeader h = header(1, 1 << 20, detail::kPayloadInMemfd);  // claims more than the memfd holds
   send_raw(a.fd(), &h, sizeof h, {small.get()});
   expect_protocol_error(b, "holds 4096 bytes");
 }
 
 TEST(Channel, ASparsePayloadMemfdThatClaimsAGibibyteIsAProtocolErrorAndNothingIsRead) {
-  auto [a, b] = Channel::make_pair();
+  auto [a, b] = detail::Channel::make_pair();
   constexpr std::size_t kClaimed = std::size_t{1} << 30;
   UniqueFd sparse = create_memfd("sparse", kClaimed);  // a hole but for the 16 bytes written
   ASSERT_EQ(pwrite(sparse.get(), "sixteen bytes!!!", 16, 0), 16);
   seal_size(sparse.get());
-  FrameHeader h = header(1, kClaimed, kPayloadInMemfd);
+  detail::FrameHeader h = header(1, kClaimed, detail::kPayloadInMemfd);
   send_raw(a.fd(), &h, sizeof h, {sparse.get()});
   long rss_before = test_support::rss_kib();
   expect_protocol_error(b, "has only 4096 written");
@@ -197,15 +197,15 @@ TEST(Channel, ASparsePayloadMemfdThatClaimsAGibibyteIsAProtocolErrorAndNothingIs
 }
 
 TEST(Channel, APipeInPlaceOfAPayloadMemfdIsAProtocolError) {
-  auto [a, b] = Channel::make_pair();
+  auto [a, b] = detail::Channel::make_pair();
   UniqueFd pipe = pipe_read_end("x");
-  FrameHeader h = header(1, 100, kPayloadInMemfd);
+  detail::FrameHeader h = header(1, 100, detail::kPayloadInMemfd);
   send_raw(a.fd(), &h, sizeof h, {pipe.get()});
   expect_protocol_error(b, "not a memfd");
 }
 
 TEST(Channel, PeerDeathMidConversationIsChannelClosed) {
-  auto [parent, child] = Channel::make_pair();
+  auto [parent, child] = detail::Channel::make_pair();
   pid_t pid = fork();
   if (pid == 0) {
     parent.release().reset();
@@ -214,25 +214,25 @@ TEST(Channel, PeerDeathMidConversationIsChannelClosed) {
     _exit(0);         // dies without answering
   }
   child.release().reset();
-  Message first = parent.receive();
+  detail::Message first = parent.receive();
   EXPECT_EQ(string_of(first), "first");
   parent.send(1, 2, bytes_of("request"));
-  EXPECT_THROW(parent.receive(), ChannelClosed);
-  EXPECT_THROW(parent.send(1, 3, bytes_of("more")), ChannelClosed);
+  EXPECT_THROW(parent.receive(), detail::ChannelClosed);
+  EXPECT_THROW(parent.send(1, 3, bytes_of("more")), detail::ChannelClosed);
   waitpid(pid, nullptr, 0);
 }
 
 TEST(Channel, AsyncRoundTripWithAForkedEchoPeer) {
-  auto [parent, child] = Channel::make_pair();
+  auto [parent, child] = detail::Channel::make_pair();
   pid_t pid = fork();
   if (pid == 0) {
     parent.release().reset();
     try {
       for (;;) {
-        Message m = child.receive();
-        child.send(m.kind, m.request_id, m.payload.bytes(), raw_fds(m.fds));
+        detail::Message m = child.receive();
+        child.send(m.kind, m.request_id, m.payload.bytes(), detail::raw_fds(m.fds));
       }
-    } catch (const ChannelClosed&) {
+    } catch (const detail::ChannelClosed&) {
     }
     _exit(0);
   }
@@ -242,7 +242,7 @@ TEST(Channel, AsyncRoundTripWithAForkedEchoPeer) {
     for (int i = 0; i < 100; ++i) {
       std::string text = "ping " + std::to_string(i);
       co_await parent.async_send(5, i, bytes_of(text));
-      Message m = co_await parent.async_receive();
+      detail::Message m = co_await parent.async_receive();
       EXPECT_EQ(m.request_id, static_cast<std::uint64_t>(i));
       reply = string_of(m);
     }
@@ -256,7 +256,7 @@ TEST(Channel, AsyncRoundTripWithAForkedEchoPeer) {
 }
 
 TEST(Channel, AStoppedReceiveThrowsAndLosesNothingLater) {
-  auto [a, b] = Channel::make_pair();
+  auto [a, b] = detail::Channel::make_pair();
   std::stop_source stop;
   auto body = [&]() -> Task<std::string> {
     auto stopper = [&]() -> Task<void> {
@@ -274,21 +274,21 @@ TEST(Channel, AStoppedReceiveThrowsAndLosesNothingLater) {
     auto [code, unused] = co_await when_all(receive(), stopper());
     EXPECT_EQ(code, ECANCELED);
     a.send(1, 1, bytes_of("after"));
-    Message m = co_await b.async_receive();
+    detail::Message m = co_await b.async_receive();
     co_return string_of(m);
   };
   EXPECT_EQ(run(body()), "after");
 }
 
 TEST(Channel, AHundredThousandMessagesWithDescriptorsLeakNoDescriptor) {
-  auto [a, b] = Channel::make_pair();
+  auto [a, b] = detail::Channel::make_pair();
   UniqueFd memfd = create_memfd("shared", 4096);
   std::vector<int> fds{memfd.get()};
   int before = test_support::open_fd_count();
   auto body = [&]() -> Task<void> {
     for (int i = 0; i < 100'000; ++i) {
       co_await a.async_send(1, i, {}, fds);
-      Message m = co_await b.async_receive();
+      detail::Message m = co_await b.async_receive();
       if (m.fds.size() != 1) throw std::runtime_error("descriptor missing");
     }
   };
@@ -305,7 +305,7 @@ namespace {
 TEST(Channel, AnEmptyDatagramWithDescriptorsIsAProtocolErrorAndLeaksNothing) {
   // Found by the frame fuzzer: zero bytes read looked like end-of-file, and the descriptors
   // that came with them were never closed.
-  auto [a, b] = Channel::make_pair();
+  auto [a, b] = detail::Channel::make_pair();
   int before = test_support::open_fd_count();
   {
     UniqueFd fd = pipe_read_end("x");

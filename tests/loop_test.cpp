@@ -53,10 +53,10 @@ TEST(Loop, ReadsWhatAPipeCarries) {
   Pipe p;
   auto body = [&]() -> Task<std::string> {
     std::string message = "hello";
-    int wrote = co_await async_write(p.write_end.get(), bytes_of(message));
+    int wrote = co_await detail::async_write(p.write_end.get(), bytes_of(message));
     EXPECT_EQ(wrote, 5);
     std::array<std::byte, 16> buffer{};
-    int got = co_await async_read(p.read_end.get(), buffer);
+    int got = co_await detail::async_read(p.read_end.get(), buffer);
     co_return std::string(reinterpret_cast<char*>(buffer.data()), got > 0 ? got : 0);
   };
   EXPECT_EQ(run(body()), "hello");
@@ -67,7 +67,7 @@ TEST(Loop, ResumesAPendingReadWhenAnotherTaskWrites) {
   std::vector<std::string> order;
   auto reader = [&]() -> Task<void> {
     std::array<std::byte, 8> buffer{};
-    int got = co_await async_read(p.read_end.get(), buffer);
+    int got = co_await detail::async_read(p.read_end.get(), buffer);
     EXPECT_EQ(got, 1);
     order.push_back("read");
   };
@@ -75,7 +75,7 @@ TEST(Loop, ResumesAPendingReadWhenAnotherTaskWrites) {
     co_await sleep_for(5ms);
     order.push_back("write");
     std::string one = "x";
-    co_await async_write(p.write_end.get(), bytes_of(one));
+    co_await detail::async_write(p.write_end.get(), bytes_of(one));
   };
   run(when_all(reader(), writer()));
   EXPECT_EQ(order, (std::vector<std::string>{"write", "read"}));
@@ -86,7 +86,7 @@ TEST(Loop, StopTokenCancelsAPendingRead) {
   std::stop_source source;
   auto reader = [&]() -> Task<int> {
     std::array<std::byte, 8> buffer{};
-    co_return co_await async_read(p.read_end.get(), buffer, {.stop = source.get_token()});
+    co_return co_await detail::async_read(p.read_end.get(), buffer, {.stop = source.get_token()});
   };
   auto stopper = [&]() -> Task<void> {
     co_await sleep_for(5ms);
@@ -102,7 +102,7 @@ TEST(Loop, AStopRequestedBeforehandCompletesAtOnce) {
   source.request_stop();
   auto reader = [&]() -> Task<int> {
     std::array<std::byte, 8> buffer{};
-    co_return co_await async_read(p.read_end.get(), buffer, {.stop = source.get_token()});
+    co_return co_await detail::async_read(p.read_end.get(), buffer, {.stop = source.get_token()});
   };
   EXPECT_EQ(run(reader()), -ECANCELED);
 }
@@ -111,11 +111,11 @@ TEST(Loop, ADeadlineThatExpiresGivesETimedOut) {
   Pipe p;
   auto reader = [&]() -> Task<int> {
     std::array<std::byte, 8> buffer{};
-    co_return co_await async_read(p.read_end.get(), buffer, {.deadline = Clock::now() + 10ms});
+    co_return co_await detail::async_read(p.read_end.get(), buffer, {.deadline = detail::Clock::now() + 10ms});
   };
-  auto started = Clock::now();
+  auto started = detail::Clock::now();
   EXPECT_EQ(run(reader()), -ETIMEDOUT);
-  EXPECT_GE(Clock::now() - started, 10ms);
+  EXPECT_GE(detail::Clock::now() - started, 10ms);
 }
 
 TEST(Loop, AnOperationThatBeatsItsDeadlineKeepsItsResult) {
@@ -123,11 +123,11 @@ TEST(Loop, AnOperationThatBeatsItsDeadlineKeepsItsResult) {
   ASSERT_EQ(write(p.write_end.get(), "abc", 3), 3);
   auto reader = [&]() -> Task<int> {
     std::array<std::byte, 8> buffer{};
-    co_return co_await async_read(p.read_end.get(), buffer, {.deadline = Clock::now() + 5s});
+    co_return co_await detail::async_read(p.read_end.get(), buffer, {.deadline = detail::Clock::now() + 5s});
   };
-  auto started = Clock::now();
+  auto started = detail::Clock::now();
   EXPECT_EQ(run(reader()), 3);
-  EXPECT_LT(Clock::now() - started, 1s);  // the pending timer was cancelled, not waited out
+  EXPECT_LT(detail::Clock::now() - started, 1s);  // the pending timer was cancelled, not waited out
 }
 
 TEST(Loop, TenThousandConcurrentOperationsAllComplete) {
@@ -138,7 +138,7 @@ TEST(Loop, TenThousandConcurrentOperationsAllComplete) {
   UniqueFd a(fds[0]), b(fds[1]);
   int received = 0;
   auto one = [&](int) -> Task<void> {
-    co_await wait_writable(a.get());
+    co_await detail::wait_writable(a.get());
     ++received;
   };
   std::vector<Task<void>> tasks;
@@ -150,7 +150,7 @@ TEST(Loop, TenThousandConcurrentOperationsAllComplete) {
   std::vector<int> fired;
   std::vector<Task<void>> timers;
   auto timer = [&](int i) -> Task<void> {
-    co_await sleep_until(Clock::now() + std::chrono::microseconds((kCount - i) * 2));
+    co_await sleep_until(detail::Clock::now() + std::chrono::microseconds((kCount - i) * 2));
     fired.push_back(i);
   };
   for (int i = 0; i < kCount; ++i) timers.push_back(timer(i));
@@ -166,7 +166,7 @@ TEST(Loop, ProcessExitIsSeenThroughAPidfd) {
   }
   UniqueFd pidfd(static_cast<int>(syscall(SYS_pidfd_open, pid, 0)));
   ASSERT_TRUE(pidfd);
-  int events = run([&]() -> Task<int> { co_return co_await wait_process_exit(pidfd.get()); }());
+  int events = run([&]() -> Task<int> { co_return co_await detail::wait_process_exit(pidfd.get()); }());
   EXPECT_TRUE(events & POLLIN);
   int status = 0;
   ASSERT_EQ(waitpid(pid, &status, WNOHANG), pid);
@@ -185,7 +185,7 @@ TEST(Loop, AChildReapedBeforeItIsWatchedIsSeenAsEndedWithAnUnknownStatus) {
   EXPECT_NO_THROW(watched = detail::watch_child(pid));
   sigaction(SIGCHLD, &old, nullptr);
   ASSERT_TRUE(watched);
-  EXPECT_EQ(run([&]() -> Task<int> { co_return co_await wait_process_exit(watched.get()); }()) & POLLIN, POLLIN);
+  EXPECT_EQ(run([&]() -> Task<int> { co_return co_await detail::wait_process_exit(watched.get()); }()) & POLLIN, POLLIN);
   detail::ExitStatus status = detail::reap(watched.get());
   EXPECT_EQ(status.exit_code, -1);
   EXPECT_EQ(status.signal, 0);
@@ -225,7 +225,7 @@ TEST(Loop, EmbedsInAHostEpollLoop) {
   auto body = [&]() -> Task<void> {
     co_await sleep_for(5ms);
     std::array<std::byte, 8> buffer{};
-    int n = co_await async_read(p.read_end.get(), buffer);
+    int n = co_await detail::async_read(p.read_end.get(), buffer);
     got.assign(reinterpret_cast<char*>(buffer.data()), n > 0 ? n : 0);
     done = true;
   };
@@ -266,7 +266,7 @@ TEST(Loop, RunReadyFromInsideACoroutineThrows) {
 // Drives the loop until a posted function stops `done`, or `limit` passes (a broken door then
 // fails the test instead of hanging it).
 void run_until_stopped(std::stop_source& done, std::chrono::seconds limit) {
-  auto body = [&]() -> Task<void> { co_await wait_until(deadline_after(limit), done.get_token()); };
+  auto body = [&]() -> Task<void> { co_await detail::wait_until(detail::deadline_after(limit), done.get_token()); };
   run(body());
 }
 

@@ -121,7 +121,7 @@ int scribble_on_its_ring(int x) {
 }
 // A hostile task: tells the parent, as the worker would, that the pool's initializer failed.
 int forge_an_initializer_error(int x) {
-  Channel line{UniqueFd(dup(3))};
+  detail::Channel line{UniqueFd(dup(3))};
   try {
     throw std::domain_error("forged");
   } catch (...) {

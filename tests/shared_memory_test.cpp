@@ -202,7 +202,7 @@ TEST(SharedMemory, ARecycledBatchIsTheSameBlockAndNeitherSideMapsAnythingNew) {
   pid_t worker = pool.worker_pids().at(0);
   std::optional<Tensor> first = pool.apply_async(batch, 1 << 16, 0.0f).get();
   const void* address = first->raw_data();
-  const Slab* slab = first->storage()->slab();
+  const detail::Slab* slab = first->storage()->slab();
   ASSERT_NE(slab, nullptr);
   first.reset();
   int worker_mappings = 0, parent_mappings = 0;

@@ -424,7 +424,7 @@ void echo(Connection<std::string> there) {
     std::string got;
     try {
       got = there.recv();
-    } catch (const ChannelClosed&) {
+    } catch (const detail::ChannelClosed&) {
       return;
     }
     there.send(got + "!");
@@ -443,7 +443,7 @@ TEST_P(SyncTest, APipeCarriesValuesBothWaysAndEndsWhenTheOtherSideIsGone) {
   EXPECT_EQ(here.recv(), "again!");
   p.kill();
   ASSERT_TRUE(p.join(10s));
-  EXPECT_THROW(here.recv(), ChannelClosed);
+  EXPECT_THROW(here.recv(), detail::ChannelClosed);
 }
 
 void send_a_tensor(Connection<Tensor> out) {

@@ -33,10 +33,10 @@ using namespace std::chrono_literals;
 
 // Sends `tensor` through a socketpair and decodes what arrives, as another process would.
 Tensor through_channel(const Tensor& tensor) {
-  auto [a, b] = Channel::make_pair();
+  auto [a, b] = detail::Channel::make_pair();
   Writer w = encode(tensor);
   a.send(1, 1, w.bytes(), w.fds());
-  Message m = b.receive();
+  detail::Message m = b.receive();
   Reader r = m.reader();
   Tensor out = r.read<Tensor>();
   r.expect_end();
@@ -197,7 +197,7 @@ TEST(Tensor, AOneGiBTensorRoundTripsThroughAWorker) {
 // A hand-made tensor message, as a lying peer would send it.
 void expect_rejected(std::uint8_t kind, int fd, std::uint64_t storage_size, std::vector<std::int64_t> shape,
                      std::vector<std::int64_t> strides, const char* fragment) {
-  auto [a, b] = Channel::make_pair();
+  auto [a, b] = detail::Channel::make_pair();
   Writer w;
   w.write(kind);
   w.write(fd >= 0 ? w.attach_fd(fd) : 0u);
@@ -207,7 +207,7 @@ void expect_rejected(std::uint8_t kind, int fd, std::uint64_t storage_size, std:
   w.write(shape);
   w.write(strides);
   a.send(1, 1, w.bytes(), w.fds());
-  Message m = b.receive();
+  detail::Message m = b.receive();
   Reader r = m.reader();
   try {
     r.read<Tensor>();
@@ -243,7 +243,7 @@ TEST(Tensor, MalformedTensorsAreProtocolErrors) {
 }
 
 TEST(Tensor, ASegmentNameThatIsNotForkpoolsIsAProtocolError) {
-  auto [a, b] = Channel::make_pair();
+  auto [a, b] = detail::Channel::make_pair();
   Writer w;
   w.write(std::uint8_t{2});  // a named segment
   w.write(std::string("../etc/passwd"));
@@ -253,7 +253,7 @@ TEST(Tensor, ASegmentNameThatIsNotForkpoolsIsAProtocolError) {
   w.write(std::vector<std::int64_t>{4});
   w.write(std::vector<std::int64_t>{1});
   a.send(1, 1, w.bytes());
-  Message m = b.receive();
+  detail::Message m = b.receive();
   EXPECT_THROW(decode<Tensor>(m.payload.bytes()), ProtocolError);
 }
 
@@ -263,7 +263,7 @@ TEST(Tensor, ThousandsOfTensorsReceivedOutsideAPoolNeverExhaustDescriptors) {
   int status = test_support::run_in_child([] {
     rlimit limit{256, 256};
     if (setrlimit(RLIMIT_NOFILE, &limit) != 0) throw std::runtime_error("setrlimit");
-    auto [receiver, sender] = Channel::make_pair();
+    auto [receiver, sender] = detail::Channel::make_pair();
     pid_t pid = fork();
     if (pid == 0) {
       receiver.release().reset();
@@ -278,7 +278,7 @@ TEST(Tensor, ThousandsOfTensorsReceivedOutsideAPoolNeverExhaustDescriptors) {
     }
     sender.release().reset();
     for (int i = 0; i < 2'000; ++i) {
-      Message m = receiver.receive();
+      detail::Message m = receiver.receive();
       Tensor t = decode<Tensor>(m.payload.bytes(), m.fds);
       if (t.data<std::int32_t>()[0] != i) throw std::runtime_error("wrong tensor");
       if (i % 64 == 63) receiver.send(2, i, {});

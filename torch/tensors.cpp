@@ -19,7 +19,7 @@ namespace {
 // What a torch storage over forkpool memory keeps alive: the block, given back when the last
 // torch tensor on it goes.
 struct SharedBlock {
-  std::shared_ptr<Storage> storage;
+  std::shared_ptr<forkpool::detail::Storage> storage;
 };
 void let_go(void* block) { delete static_cast<SharedBlock*>(block); }
 
@@ -64,7 +64,7 @@ void check_shareable(const at::Tensor& tensor) {
   dtype_of(tensor.scalar_type());
 }
 
-c10::DataPtr data_ptr_over(std::shared_ptr<Storage> storage) {
+c10::DataPtr data_ptr_over(std::shared_ptr<forkpool::detail::Storage> storage) {
   std::byte* data = storage->data();
   return c10::DataPtr(data, new SharedBlock{std::move(storage)}, &let_go, c10::Device(c10::kCPU));
 }
@@ -78,7 +78,7 @@ bool is_shared(const at::Tensor& tensor) {
 }
 
 at::Tensor from_forkpool(const Tensor& tensor) {
-  const std::shared_ptr<Storage>& storage = tensor.storage();
+  const std::shared_ptr<forkpool::detail::Storage>& storage = tensor.storage();
   if (!storage || !storage->is_shared()) throw Error("forkpool-torch: from_forkpool needs a tensor in shared memory");
   c10::Storage shared(c10::Storage::use_byte_size_t(), storage->size(), data_ptr_over(storage), nullptr, false);
   at::Tensor out = at::empty({0}, at::TensorOptions().dtype(scalar_type_of(tensor.dtype())));

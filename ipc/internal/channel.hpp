@@ -11,7 +11,7 @@
 #include <forkpool/runtime/task.hpp>
 #include <forkpool/runtime/unique_fd.hpp>
 
-namespace forkpool {
+namespace forkpool::detail {
 
 class Channel {
  public:
@@ -63,4 +63,4 @@ class Channel {
   std::unique_ptr<FrameReceiver> receiver_;
 };
 
-}  // namespace forkpool
+}  // namespace forkpool::detail

@@ -17,7 +17,7 @@
 #include <forkpool/ipc/internal/spare_buffers.hpp>
 #include <forkpool/runtime/unique_fd.hpp>
 
-namespace forkpool {
+namespace forkpool::detail {
 
 // The peer of a channel is gone (EOF, ECONNRESET, EPIPE): distinct from a malformed message.
 class ChannelClosed : public Error {
@@ -129,4 +129,4 @@ class FrameReceiver {
   msghdr msg_{};
 };
 
-}  // namespace forkpool
+}  // namespace forkpool::detail

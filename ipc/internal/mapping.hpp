@@ -7,7 +7,7 @@
 #include <span>
 #include <utility>
 
-namespace forkpool {
+namespace forkpool::detail {
 
 class Mapping {
  public:
@@ -46,4 +46,4 @@ class Mapping {
   std::size_t size_ = 0;
 };
 
-}  // namespace forkpool
+}  // namespace forkpool::detail

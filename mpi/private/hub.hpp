@@ -24,7 +24,7 @@ class Hub {
   std::uint64_t add(MpiPoolCore* pool);
   void remove(std::uint64_t pool);
   // Sends to `rank` and makes sure replies are polled for.
-  void send(int rank, ByteBuffer payload, const std::vector<std::shared_ptr<Storage>>& blocks = {});
+  void send(int rank, ByteBuffer payload, const std::vector<std::shared_ptr<forkpool::detail::Storage>>& blocks = {});
   // A pool now awaits a node: starts polling if it was not.
   void wake();
 
@@ -42,10 +42,10 @@ class Hub {
 
 // A block of shared memory of `bytes` for data arriving from another node (a slab block, whatever
 // the sharing strategy: it crosses on to workers by its slab). ProtocolError for 0 or over 1 TiB.
-std::shared_ptr<Storage> new_block(std::uint64_t bytes);
+std::shared_ptr<forkpool::detail::Storage> new_block(std::uint64_t bytes);
 
 // Reads the block sizes of a done message and receives the blocks from `source` into new shared
 // memory. Called for every done message, wanted or not: its blocks must be taken off the wire.
-std::vector<std::shared_ptr<Storage>> receive_result_blocks(Reader& r, int source);
+std::vector<std::shared_ptr<forkpool::detail::Storage>> receive_result_blocks(Reader& r, int source);
 
 }  // namespace forkpool::mpi::detail

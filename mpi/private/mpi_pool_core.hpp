@@ -91,8 +91,8 @@ class MpiPoolCore final : public forkpool::detail::PoolCore, public std::enable_
   bool closed_ = false;
   bool local_closed_ = false;
   bool terminated_ = false;
-  std::shared_ptr<OneShot> drained_;  // set when nothing is pending or with a node (join waits)
-  std::shared_ptr<OneShot> joined_;   // set when every other node said joined
+  std::shared_ptr<forkpool::detail::OneShot> drained_;  // set when nothing is pending or with a node (join waits)
+  std::shared_ptr<forkpool::detail::OneShot> joined_;   // set when every other node said joined
 };
 
 }  // namespace forkpool::mpi::detail

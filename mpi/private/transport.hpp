@@ -40,7 +40,7 @@ class Transport {
   // Starts sending `payload` to rank `destination`, then the bytes of each of `blocks`. Each is
   // kept alive until MPI is done with it.
   void send(int destination, forkpool::ByteBuffer payload,
-            const std::vector<std::shared_ptr<forkpool::Storage>>& blocks = {});
+            const std::vector<std::shared_ptr<forkpool::detail::Storage>>& blocks = {});
   // Completes the sends MPI has finished; true when any did.
   bool progress();
   bool sending() const noexcept { return !in_flight_.empty(); }
@@ -51,13 +51,13 @@ class Transport {
   std::optional<Received> try_receive();
   // Receives, from `source`, the bytes of the blocks its last control message named into
   // `blocks` (already sized as that message said).
-  void receive_blocks(int source, const std::vector<std::shared_ptr<forkpool::Storage>>& blocks);
+  void receive_blocks(int source, const std::vector<std::shared_ptr<forkpool::detail::Storage>>& blocks);
 
  private:
   struct InFlight {
     MPI_Request request;
     forkpool::ByteBuffer payload;                // a control message's bytes
-    std::shared_ptr<forkpool::Storage> block;    // or a block's
+    std::shared_ptr<forkpool::detail::Storage> block;    // or a block's
   };
   std::deque<InFlight> in_flight_;
 };

@@ -14,13 +14,13 @@
 #include <stop_token>
 #include <type_traits>
 
+#include <forkpool/runtime/internal/deadline.hpp>
 #include <forkpool/runtime/loop.hpp>
 #include <forkpool/runtime/internal/operation.hpp>
 #include <forkpool/runtime/task.hpp>
 
-namespace forkpool {
+namespace forkpool::detail {
 
-using Clock = std::chrono::steady_clock;
 
 // A borrowed stop token. IoOptions must stay trivially destructible: g++ 12 destroys an
 // aggregate temporary twice when it is built inside a co_await expression.
@@ -44,7 +44,7 @@ static_assert(std::is_trivially_destructible_v<IoOptions>);
 class IoAwaitable {
  public:
   // `request` holds the operation's kind and parameters; its callback fields are ignored.
-  IoAwaitable(const detail::Operation& request, IoOptions options);
+  IoAwaitable(const Operation& request, IoOptions options);
   IoAwaitable(const IoAwaitable&) = delete;
   IoAwaitable& operator=(const IoAwaitable&) = delete;
 
@@ -57,12 +57,12 @@ class IoAwaitable {
     IoAwaitable* self;
     void operator()() const noexcept;
   };
-  static void main_done(detail::Operation* op, int result);
-  static void timer_done(detail::Operation* op, int result);
+  static void main_done(Operation* op, int result);
+  static void timer_done(Operation* op, int result);
   void finish_one();
 
-  detail::Operation main_;
-  detail::Operation timer_;
+  Operation main_;
+  Operation timer_;
   std::stop_token stop_;
   std::optional<Clock::time_point> deadline_;
   std::optional<std::stop_callback<StopRequest>> stop_callback_;
@@ -85,14 +85,8 @@ IoAwaitable wait_process_exit(int pidfd, IoOptions options = {});
 // Completes with 0 at `when` (or -ECANCELED when stopped first).
 IoAwaitable wait_until(Clock::time_point when, StopRef stop = {});
 
-// `from + duration`, or the latest time point when that would overflow: a timeout of
-// nanoseconds::max() means "never", not "already passed".
-Clock::time_point saturating_add(Clock::time_point from, std::chrono::nanoseconds duration);
-inline Clock::time_point deadline_after(std::chrono::nanoseconds duration) {
-  return saturating_add(Clock::now(), duration);
-}
 
 // The kernel's form of a point on the steady clock (CLOCK_MONOTONIC).
 __kernel_timespec to_kernel_time(Clock::time_point when);
 
-}  // namespace forkpool
+}  // namespace forkpool::detail

@@ -5,7 +5,7 @@
 #include <utility>
 #include <vector>
 
-namespace forkpool {
+namespace forkpool::detail {
 
 class OneShot {
  public:
@@ -34,4 +34,4 @@ class OneShot {
   std::vector<std::coroutine_handle<>> waiters_;
 };
 
-}  // namespace forkpool
+}  // namespace forkpool::detail

@@ -26,12 +26,10 @@
 #include <forkpool/ipc/internal/mapping.hpp>
 #include <forkpool/runtime/unique_fd.hpp>
 
-namespace forkpool {
+namespace forkpool::detail {
 
 class Storage;
-namespace detail {
 class SlabAllocator;
-}
 
 // Lending's bookkeeping (lending.hpp) is told when what it lent or borrowed is let go in this
 // process: a storage released by its last holder, a slab unmapped, each on the thread that
@@ -108,7 +106,6 @@ class Slab : public std::enable_shared_from_this<Slab> {
   bool retired_ = false;                 // no more blocks from it (a block escaped the allocator)
 };
 
-namespace detail {
 // The lock over all slab bookkeeping in this process.
 std::mutex& slab_lock();
 
@@ -122,6 +119,5 @@ struct MappedCounters {
   }
 };
 MappedCounters& mapped_counters();
-}  // namespace detail
 
-}  // namespace forkpool
+}  // namespace forkpool::detail

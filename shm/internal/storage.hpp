@@ -23,7 +23,7 @@
 #include <forkpool/shm/internal/slab.hpp>
 #include <forkpool/shm/sharing.hpp>
 
-namespace forkpool {
+namespace forkpool::detail {
 
 class Storage {
  public:
@@ -99,4 +99,4 @@ class Storage {
   std::vector<std::weak_ptr<ReleaseListener>> listeners_;
 };
 
-}  // namespace forkpool
+}  // namespace forkpool::detail

@@ -17,12 +17,10 @@
 
 #include <forkpool/shm/shared_memory.hpp>
 
-namespace forkpool {
+namespace forkpool::detail {
 
 class Slab;
 class Storage;
-
-namespace detail {
 
 class SlabAllocator {
  public:
@@ -71,5 +69,4 @@ class SlabAllocator {
   bool recycling_ = true;
 };
 
-}  // namespace detail
-}  // namespace forkpool
+}  // namespace forkpool::detail

@@ -6,7 +6,7 @@
 
 namespace forkpool::detail {
 
-// Deadline and deadline_after() are declared in queue.hpp (its templates need them).
+// Deadline and deadline_unless_forever() are in runtime/internal/deadline.hpp.
 
 // Waits until `fd` has `events` (POLLIN, POLLOUT) or `deadline` passes (false). Signals are
 // waited through. Throws std::system_error naming `who`.

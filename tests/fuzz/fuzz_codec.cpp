@@ -118,8 +118,8 @@ void try_decode_with_descriptors(std::span<const std::byte> bytes) {
 // of every kind attached.
 void try_queue_item(std::span<const std::byte> bytes) {
   static Descriptors* attached = new Descriptors();
-  fp::Message message;
-  message.payload = fp::Payload(std::vector<std::byte>(bytes.begin(), bytes.end()));
+  fp::detail::Message message;
+  message.payload = fp::detail::Payload(std::vector<std::byte>(bytes.begin(), bytes.end()));
   for (int fd : attached->fds) message.fds.emplace_back(fcntl(fd, F_DUPFD_CLOEXEC, 0));
   try {
     fp::detail::decode_queue_item(message, [](fp::Reader& in) {

@@ -12,9 +12,9 @@
 #include <forkpool/ipc/private/memfd.hpp>
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  static auto channels = forkpool::Channel::make_pair();
+  static auto channels = forkpool::detail::Channel::make_pair();
   auto& [sender, receiver] = channels;
-  if (size == 0 || size > forkpool::kInlinePayloadMax + 1024) return 0;
+  if (size == 0 || size > forkpool::detail::kInlinePayloadMax + 1024) return 0;
   // First byte: how many memfds to attach (0-3), sized from the input, sealed or not.
   int attach = data[0] & 3;
   bool seal = data[0] & 4;
@@ -41,7 +41,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   if (sendmsg(sender.fd(), &msg, MSG_NOSIGNAL) < 0) return 0;
   try {
-    forkpool::Message m = receiver.receive();
+    forkpool::detail::Message m = receiver.receive();
     (void)m.payload.bytes();
   } catch (const forkpool::Error&) {
   }

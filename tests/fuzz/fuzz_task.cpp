@@ -31,10 +31,10 @@ void run_as(F f, const fp::detail::TaskCall& call, fp::Reader arguments) {
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size == 0) return 0;
-  fp::Message message;
+  fp::detail::Message message;
   message.kind = fp::detail::kTaskMessage;
   message.request_id = 1;
-  message.payload = fp::Payload(std::vector<std::byte>(reinterpret_cast<const std::byte*>(data + 1),
+  message.payload = fp::detail::Payload(std::vector<std::byte>(reinterpret_cast<const std::byte*>(data + 1),
                                                        reinterpret_cast<const std::byte*>(data + size)));
   auto memory = std::make_shared<fp::detail::PeerMemory>();
   try {
