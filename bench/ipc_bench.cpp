@@ -35,11 +35,11 @@ struct EchoChild {
         for (;;) {
           fp::detail::Message m = theirs.receive();
           auto bytes = m.payload.bytes();
-          if (!bytes.empty()) benchmark::DoNotOptimize(static_cast<int>(bytes.front()) + static_cast<int>(bytes.back()));
+          if (!bytes.empty())
+            benchmark::DoNotOptimize(static_cast<int>(bytes.front()) + static_cast<int>(bytes.back()));
           theirs.send(m.kind, m.request_id, {});
         }
-      } catch (...) {
-      }
+      } catch (...) {}
       _exit(0);
     }
     return {std::move(ours), pid};
@@ -107,9 +107,7 @@ void BM_PayloadRoundTrip(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * state.range(0));
   state.SetLabel(via_memfd ? "memfd" : "inline");
 }
-BENCHMARK(BM_PayloadRoundTrip)
-    ->ArgsProduct({{4 << 10, 16 << 10, 32 << 10, 60 << 10}, {0, 1}})
-    ->UseRealTime();
+BENCHMARK(BM_PayloadRoundTrip)->ArgsProduct({{4 << 10, 16 << 10, 32 << 10, 60 << 10}, {0, 1}})->UseRealTime();
 
 // 64 MiB: through a sealed memfd (one copy in, none across) against a stream socket (copied
 // through the kernel and read into the child's memory).

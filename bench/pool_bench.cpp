@@ -120,7 +120,8 @@ void BM_ApplyAsyncRoundTrip(benchmark::State& state) {
 }
 BENCHMARK(BM_ApplyAsyncRoundTrip)->Arg(0)->Arg(10000)->UseRealTime();
 
-constexpr fp::StartMethod kStartMethods[] = {fp::StartMethod::fork, fp::StartMethod::forkserver, fp::StartMethod::spawn};
+constexpr fp::StartMethod kStartMethods[] = {fp::StartMethod::fork, fp::StartMethod::forkserver,
+                                             fp::StartMethod::spawn};
 
 // From making a pool to its first result; Args: start method (0 fork, 1 forkserver, 2 spawn),
 // workers (forkpool::init() in main started the program's fork server, as CPython's is warm in
@@ -134,7 +135,11 @@ void BM_WorkerStart(benchmark::State& state) {
     state.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
   }
 }
-BENCHMARK(BM_WorkerStart)->ArgsProduct({{0, 1, 2}, {1, 4}})->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(20);
+BENCHMARK(BM_WorkerStart)
+    ->ArgsProduct({{0, 1, 2}, {1, 4}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(20);
 
 // The round trip per start method: a function is named once per worker, then costs nothing.
 void BM_ApplyAsyncRoundTripUnder(benchmark::State& state) {
@@ -149,8 +154,9 @@ BENCHMARK(BM_ApplyAsyncRoundTripUnder)->DenseRange(0, 2)->UseRealTime();
 
 // Set by nap() in the worker: memory shared with every worker, mapped in main() before init().
 std::atomic<int>* naps_started() {
-  static auto* started = new (mmap(nullptr, sizeof(std::atomic<int>), PROT_READ | PROT_WRITE,
-                                   MAP_SHARED | MAP_ANONYMOUS, -1, 0)) std::atomic<int>(0);
+  static auto* started =
+      new (mmap(nullptr, sizeof(std::atomic<int>), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0))
+          std::atomic<int>(0);
   return started;
 }
 
@@ -180,8 +186,7 @@ void BM_StopToReplacementServing(benchmark::State& state) {
     state.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped).count());
     try {
       running.get();
-    } catch (const fp::Error&) {
-    }
+    } catch (const fp::Error&) {}
   }
 }
 BENCHMARK(BM_StopToReplacementServing)->Arg(0)->Arg(1)->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(50);
@@ -284,7 +289,7 @@ BENCHMARK(BM_Imap10MFlatMemory)->Iterations(1)->UseRealTime()->Unit(benchmark::k
 
 int main(int argc, char** argv) {
   naps_started();  // before init(): the program's fork server, every worker's ancestor, must share it
-  fp::init();  // spawned workers serve from here; later pools fork from the program's fork server
+  fp::init();      // spawned workers serve from here; later pools fork from the program's fork server
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();

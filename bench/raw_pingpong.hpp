@@ -64,7 +64,8 @@ inline void wait_for(Turn& turn, std::uint32_t want) {
 
 inline void give(Turn& turn, std::uint32_t value) {
   turn.value.store(value, std::memory_order_seq_cst);
-  if (turn.sleeping.load(std::memory_order_seq_cst)) syscall(SYS_futex, &turn.value, FUTEX_WAKE, 1, nullptr, nullptr, 0);
+  if (turn.sleeping.load(std::memory_order_seq_cst))
+    syscall(SYS_futex, &turn.value, FUTEX_WAKE, 1, nullptr, nullptr, 0);
 }
 
 }  // namespace raw_pingpong

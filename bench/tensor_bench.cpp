@@ -69,7 +69,14 @@ void BM_SerializedBytesRoundTrip(benchmark::State& state) {
   state.SetLabel(std::to_string(state.range(0)) + " B");
 }
 BENCHMARK(BM_SerializedBytesRoundTrip)
-    ->Arg(256)->Arg(1 << 10)->Arg(4 << 10)->Arg(16 << 10)->Arg(64 << 10)->Arg(256 << 10)->Arg(1 << 20)->Arg(64 << 20)
+    ->Arg(256)
+    ->Arg(1 << 10)
+    ->Arg(4 << 10)
+    ->Arg(16 << 10)
+    ->Arg(64 << 10)
+    ->Arg(256 << 10)
+    ->Arg(1 << 20)
+    ->Arg(64 << 20)
     ->UseRealTime();
 
 }  // namespace
@@ -89,14 +96,14 @@ void BM_DataLoader(benchmark::State& state) {
   g_batch_floats = state.range(0) / 4;
   bool recycled = state.range(1) != 0;
   fp::detail::SlabAllocator::instance().set_recycling(recycled);
-  fp::Pool pool({.processes = 2, .initializer = [recycled] { fp::detail::SlabAllocator::instance().set_recycling(recycled); }});
+  fp::Pool pool(
+      {.processes = 2, .initializer = [recycled] { fp::detail::SlabAllocator::instance().set_recycling(recycled); }});
   std::int64_t batches = 0;
   std::int64_t per_iteration = state.range(0) >= (8 << 20) ? 100 : 500;
   auto body = [&]() -> fp::Task<void> {
     // Warm-up, as the peer skips its first batches: each worker makes its slabs once.
     fp::Stream<fp::Tensor> warm = pool.imap(build_batch, std::views::iota(std::int64_t{0}, std::int64_t{20}));
-    while (co_await warm.next()) {
-    }
+    while (co_await warm.next()) {}
     for (auto _ : state) {
       fp::Stream<fp::Tensor> stream = pool.imap(build_batch, std::views::iota(std::int64_t{0}, per_iteration));
       std::int64_t expected = 0;

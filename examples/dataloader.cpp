@@ -45,8 +45,12 @@ int main(int argc, char** argv) {
   fp::init();  // first: starts the fork server while the program has no threads
   std::size_t samples = argc > 1 ? std::strtoul(argv[1], nullptr, 10) : 10000;
   int epochs = argc > 2 ? std::atoi(argv[2]) : 2;
-  fp::DataLoader loader(Images{samples}, {.batch_size = 64, .shuffle = true, .num_workers = 2,
-                                          .persistent_workers = true, .seed = 1, .progress = "  training"});
+  fp::DataLoader loader(Images{samples}, {.batch_size = 64,
+                                          .shuffle = true,
+                                          .num_workers = 2,
+                                          .persistent_workers = true,
+                                          .seed = 1,
+                                          .progress = "  training"});
   for (int epoch = 0; epoch < epochs; ++epoch) {
     auto started = std::chrono::steady_clock::now();
     double total = 0;
@@ -56,10 +60,11 @@ int main(int argc, char** argv) {
       images += static_cast<std::size_t>(batch.shape()[0]);
     }
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-    std::printf("epoch %d: %zu batches of up to 64 images (768 KiB) in %.2f s: %.0f batches/s, %.0f images/s "
-                "(mean pixel %.3f)\n",
-                epoch, loader.size(), seconds, static_cast<double>(loader.size()) / seconds,
-                static_cast<double>(images) / seconds, total / static_cast<double>(images));
+    std::printf(
+        "epoch %d: %zu batches of up to 64 images (768 KiB) in %.2f s: %.0f batches/s, %.0f images/s "
+        "(mean pixel %.3f)\n",
+        epoch, loader.size(), seconds, static_cast<double>(loader.size()) / seconds,
+        static_cast<double>(images) / seconds, total / static_cast<double>(images));
     if (images != samples) return 1;
   }
   fp::SharedMemoryStats memory = fp::shared_memory_stats();

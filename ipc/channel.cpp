@@ -54,7 +54,8 @@ std::size_t Channel::inline_limit() {
     int sndbuf = 0;
     socklen_t length = sizeof sndbuf;
     std::size_t fits = 0;  // a descriptor we cannot ask: every payload through a memfd
-    if (getsockopt(fd_.get(), SOL_SOCKET, SO_SNDBUF, &sndbuf, &length) == 0 && static_cast<std::size_t>(sndbuf) > kSpare)
+    if (getsockopt(fd_.get(), SOL_SOCKET, SO_SNDBUF, &sndbuf, &length) == 0 &&
+        static_cast<std::size_t>(sndbuf) > kSpare)
       fits = static_cast<std::size_t>(sndbuf) - kSpare;
     inline_limit_ = std::min(fits, kInlinePayloadMax);
   }

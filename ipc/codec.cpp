@@ -22,13 +22,14 @@ std::size_t Reader::read_count(std::size_t min_element_size, const char* what) {
 
 std::size_t Reader::check_count(std::uint64_t count, std::size_t min_element_size, const char* what) const {
   if (min_element_size > 0 && count > remaining() / min_element_size)
-    fail(std::string(what) + " claims " + std::to_string(count) + " elements but only " +
-         std::to_string(remaining()) + " bytes remain");
+    fail(std::string(what) + " claims " + std::to_string(count) + " elements but only " + std::to_string(remaining()) +
+         " bytes remain");
   return static_cast<std::size_t>(count);
 }
 
 UniqueFd Reader::take_fd(std::uint32_t index) {
-  if (index >= fds_.size()) fail("descriptor index " + std::to_string(index) + " but the message carries " + std::to_string(fds_.size()));
+  if (index >= fds_.size())
+    fail("descriptor index " + std::to_string(index) + " but the message carries " + std::to_string(fds_.size()));
   if (!fds_[index]) fail("descriptor " + std::to_string(index) + " is used twice");
   return std::move(fds_[index]);
 }

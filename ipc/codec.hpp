@@ -39,7 +39,9 @@ struct codec;
 namespace detail {
 // Whether T has a codec (built in, or the user's specialization).
 template <class T>
-concept HasCodec = requires { sizeof(codec<T>); };
+concept HasCodec = requires {
+  sizeof(codec<T>);
+};
 
 template <class T>
 constexpr bool check_has_codec() {
@@ -153,7 +155,8 @@ class Reader {
       : bytes_(bytes), fds_(fds), context_(context) {}
 
   void read_bytes(void* out, std::size_t size) {
-    if (size > remaining()) fail("needed " + std::to_string(size) + " bytes, " + std::to_string(remaining()) + " remain");
+    if (size > remaining())
+      fail("needed " + std::to_string(size) + " bytes, " + std::to_string(remaining()) + " remain");
     if (size == 0) return;  // `out` may be an empty vector's null data()
     std::memcpy(out, bytes_.data() + offset_, size);
     offset_ += size;
@@ -165,7 +168,8 @@ class Reader {
   }
   // The next `size` bytes, in place (valid as long as the message).
   std::span<const std::byte> read_span(std::size_t size) {
-    if (size > remaining()) fail("needed " + std::to_string(size) + " bytes, " + std::to_string(remaining()) + " remain");
+    if (size > remaining())
+      fail("needed " + std::to_string(size) + " bytes, " + std::to_string(remaining()) + " remain");
     offset_ += size;
     return bytes_.subspan(offset_ - size, size);
   }
@@ -234,8 +238,9 @@ concept Bitwise = std::is_arithmetic_v<T> && !std::is_same_v<T, bool>;
 // Trivially copyable aggregates travel as their bytes. (Pointers inside would be meaningless in
 // another process: such types need a codec of their own.)
 template <class T>
-concept PlainAggregate = std::is_trivially_copyable_v<T> && std::is_aggregate_v<T> && std::is_class_v<T> &&
-                         !is_std_array_v<T> && !std::is_empty_v<T>;
+concept PlainAggregate =
+    std::is_trivially_copyable_v<T> && std::is_aggregate_v<T> && std::is_class_v<T> && !is_std_array_v<T> &&
+    !std::is_empty_v<T>;
 
 // Whether an aggregate has a pointer member, found without reflection. An initializer that
 // converts to anything but an aggregate class makes brace elision split every nested aggregate
@@ -246,12 +251,12 @@ inline constexpr bool is_leaf_v = !(std::is_class_v<U> && std::is_aggregate_v<U>
 
 struct AnyLeaf {
   template <class U>
-    requires is_leaf_v<U>
+  requires is_leaf_v<U>
   operator U() const;  // NOLINT: only in unevaluated contexts
 };
 struct NonPointerLeaf {
   template <class U>
-    requires(is_leaf_v<U> && !std::is_pointer_v<U> && !std::is_member_pointer_v<U> && !std::is_null_pointer_v<U>)
+  requires(is_leaf_v<U> && !std::is_pointer_v<U> && !std::is_member_pointer_v<U> && !std::is_null_pointer_v<U>)
   operator U() const;  // NOLINT
 };
 
@@ -309,7 +314,7 @@ struct MapCodec {
 
 // Numbers and plain aggregates travel as their bytes.
 template <class T>
-  requires detail::Bitwise<T> || detail::PlainAggregate<T>
+requires detail::Bitwise<T> || detail::PlainAggregate<T>
 struct codec<T> {
   static_assert(!detail::has_pointer_member<T>(),
                 "forkpool: an aggregate with a pointer member cannot cross as its bytes (the pointer "
@@ -336,7 +341,7 @@ struct codec<bool> {
 };
 
 template <class E>
-  requires std::is_enum_v<E>
+requires std::is_enum_v<E>
 struct codec<E> {
   using U = std::underlying_type_t<E>;
   static constexpr std::size_t min_size = sizeof(U);
@@ -404,9 +409,8 @@ struct codec<std::array<T, N>> {
     for (const auto& element : a) w.write(element);
   }
   static std::array<T, N> decode(Reader& r) {
-    return [&]<std::size_t... I>(std::index_sequence<I...>) {
-      return std::array<T, N>{((void)I, r.read<T>())...};
-    }(std::make_index_sequence<N>{});
+    return [&]<std::size_t... I>(std::index_sequence<I...>) { return std::array<T, N>{((void)I, r.read<T>())...}; }
+    (std::make_index_sequence<N>{});
   }
 };
 

@@ -28,7 +28,7 @@ OutgoingFrame::OutgoingFrame(std::uint16_t kind, std::uint64_t request_id, std::
     throw Error("forkpool: a message may carry at most " + std::to_string(kMaxMessageFds) + " descriptors, not " +
                 std::to_string(fd_count));
 
-  header_ = {kFrameMagic, kind, static_cast<std::uint16_t>(fd_count), via_memfd ? kPayloadInMemfd : 0u, 0,
+  header_ = {kFrameMagic,    kind,      static_cast<std::uint16_t>(fd_count), via_memfd ? kPayloadInMemfd : 0u, 0,
              payload.size(), request_id};
   iov_[0] = {&header_, sizeof header_};
   iov_[1] = {via_memfd ? nullptr : const_cast<std::byte*>(payload.data()), via_memfd ? 0 : payload.size()};
@@ -100,8 +100,9 @@ Message FrameReceiver::finish(long result) {
     throw ChannelClosed("forkpool: the peer closed the channel");
   auto fail = [](const std::string& what) -> ProtocolError { return ProtocolError("forkpool: bad frame: " + what); };
   if (msg_.msg_flags & MSG_CTRUNC)
-    throw fail("descriptors were truncated (MSG_CTRUNC): too many were sent, or this process's descriptor table "
-               "is full (RLIMIT_NOFILE)");
+    throw fail(
+        "descriptors were truncated (MSG_CTRUNC): too many were sent, or this process's descriptor table "
+        "is full (RLIMIT_NOFILE)");
   if (msg_.msg_flags & MSG_TRUNC) throw fail("the datagram was larger than any valid frame (MSG_TRUNC)");
   auto size = static_cast<std::size_t>(result);
   if (size < sizeof(FrameHeader)) throw fail("only " + std::to_string(size) + " bytes, shorter than a header");

@@ -100,10 +100,14 @@ void wake_peer(int eventfd) noexcept {
 
 WorkerLink::WorkerLink(Channel& channel, Mapping rings, UniqueFd own_wake, UniqueFd parent_wake,
                        std::optional<std::chrono::nanoseconds> spin, LooseKinds loose)
-    : channel_(channel), rings_(std::move(rings)),
+    : channel_(channel),
+      rings_(std::move(rings)),
       inbound_(ring_in_region(rings_.data(), kLinkRingCapacity, kToWorker)),
-      outbound_(ring_in_region(rings_.data(), kLinkRingCapacity, kToParent)), own_wake_(std::move(own_wake)),
-      parent_wake_(std::move(parent_wake)), spin_(spin), loose_(loose) {}
+      outbound_(ring_in_region(rings_.data(), kLinkRingCapacity, kToParent)),
+      own_wake_(std::move(own_wake)),
+      parent_wake_(std::move(parent_wake)),
+      spin_(spin),
+      loose_(loose) {}
 
 void WorkerLink::send(std::uint16_t kind, std::uint64_t request_id, std::span<const std::byte> payload,
                       std::span<const int> fds) {
@@ -136,7 +140,7 @@ std::optional<Message> WorkerLink::take() {
   Message message;
   if (record->kind == kRingOnSocket) {
     if (ordered_.empty()) {
-      Message next = channel_.receive();  // sent before its marker: it is there
+      Message next = channel_.receive();   // sent before its marker: it is there
       if (loose_(next.kind)) return next;  // the marker stays: its message is still to come
       ordered_.push_back(std::move(next));
     }
@@ -188,10 +192,13 @@ void WorkerLink::read_socket() {
 
 ParentLink::ParentLink(Channel& channel, Mapping rings, UniqueFd own_wake, UniqueFd worker_wake,
                        std::optional<std::chrono::nanoseconds> spin)
-    : channel_(channel), rings_(std::move(rings)),
+    : channel_(channel),
+      rings_(std::move(rings)),
       inbound_(ring_in_region(rings_.data(), kLinkRingCapacity, kToParent)),
-      outbound_(ring_in_region(rings_.data(), kLinkRingCapacity, kToWorker)), own_wake_(std::move(own_wake)),
-      worker_wake_(std::move(worker_wake)), spin_(spin) {
+      outbound_(ring_in_region(rings_.data(), kLinkRingCapacity, kToWorker)),
+      own_wake_(std::move(own_wake)),
+      worker_wake_(std::move(worker_wake)),
+      spin_(spin) {
   // Not polling until the loop spins: the worker wakes us through the eventfd.
   inbound_.control().consumer_sleeping.store(1, std::memory_order_seq_cst);
   // Workers forked later must not inherit this worker's rings (they map their own).
@@ -275,7 +282,8 @@ std::optional<Message> ParentLink::try_receive() {
 Message ParentLink::announced_socket_message(const RingRecord& marker) {
   constexpr int kMaxUnannounced = 64;
   std::uint16_t kind = 0;
-  if (marker.payload.size() != sizeof(Marker)) throw ProtocolError("forkpool: a worker's ring holds a malformed marker");
+  if (marker.payload.size() != sizeof(Marker))
+    throw ProtocolError("forkpool: a worker's ring holds a malformed marker");
   std::memcpy(&kind, marker.payload.data(), sizeof kind);
   for (int dropped = 0; dropped <= kMaxUnannounced; ++dropped) {
     std::optional<Message> next = channel_.try_receive();
@@ -307,8 +315,7 @@ bool ParentLink::resume_waiters() {
     bool room = true;  // a broken tail is reported by the sender's own push
     try {
       room = gone_ || outbound_.has_room(sender_needs_);
-    } catch (const ProtocolError&) {
-    }
+    } catch (const ProtocolError&) {}
     if (room) sender = std::exchange(sender_, {});
   }
   if (receiver_ && arrived()) {

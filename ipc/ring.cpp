@@ -53,8 +53,8 @@ bool RingProducer::try_push(std::uint16_t kind, std::uint64_t request_id, std::s
     next += wrap.size;
     at = 0;
   }
-  RingEntry entry{static_cast<std::uint32_t>(need), kind, 0, sequence_++, static_cast<std::uint32_t>(payload.size()),
-                  request_id, 0};
+  RingEntry entry{static_cast<std::uint32_t>(need),           kind,       0, sequence_++,
+                  static_cast<std::uint32_t>(payload.size()), request_id, 0};
   std::memcpy(view_.entries + at, &entry, sizeof entry);
   if (!payload.empty()) std::memcpy(view_.entries + at + sizeof entry, payload.data(), payload.size());
   head_ = next + need;

@@ -54,7 +54,8 @@ bool Hub::step() {
       route(message->source, r);
     } catch (const ProtocolError& e) {
       // A rank runs our own build, so this is a bug, not an attack: say so and keep serving.
-      std::fprintf(stderr, "forkpool::mpi: a malformed message from rank %d was dropped: %s\n", message->source, e.what());
+      std::fprintf(stderr, "forkpool::mpi: a malformed message from rank %d was dropped: %s\n", message->source,
+                   e.what());
     }
   }
   return any;
@@ -78,7 +79,8 @@ void Hub::route(int source, Reader& r) {
 }
 
 std::shared_ptr<forkpool::detail::Storage> new_block(std::uint64_t bytes) {
-  if (bytes == 0 || bytes > (std::uint64_t{1} << 40)) throw ProtocolError("forkpool::mpi: a block of an impossible size");
+  if (bytes == 0 || bytes > (std::uint64_t{1} << 40))
+    throw ProtocolError("forkpool::mpi: a block of an impossible size");
   return forkpool::detail::SlabAllocator::instance().allocate(bytes);
 }
 

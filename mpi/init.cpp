@@ -46,7 +46,8 @@ void check_same_build(const World& w) {
   };
   std::string differing;
   for (int rank = 1; rank < w.size; ++rank)
-    if (id_of(rank) != id_of(0)) differing += (differing.empty() ? "" : ", ") + std::to_string(rank) + " (" + hex(id_of(rank)) + ")";
+    if (id_of(rank) != id_of(0))
+      differing += (differing.empty() ? "" : ", ") + std::to_string(rank) + " (" + hex(id_of(rank)) + ")";
   if (differing.empty()) return;
   MPI_Finalize();
   throw BuildMismatch("forkpool::mpi::init: ranks " + differing + " run another build of the program than rank 0 (" +
@@ -58,8 +59,10 @@ std::vector<int> find_node_ranks(const World& w) {
   const char* switch_value = std::getenv("FORKPOOL_MPI_NODE_PER_RANK");
   bool per_rank = switch_value && std::string(switch_value) == "1";
   MPI_Comm node;
-  if (per_rank) MPI_Comm_split(MPI_COMM_WORLD, w.rank, 0, &node);
-  else MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, w.rank, MPI_INFO_NULL, &node);
+  if (per_rank)
+    MPI_Comm_split(MPI_COMM_WORLD, w.rank, 0, &node);
+  else
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, w.rank, MPI_INFO_NULL, &node);
   int node_rank = 0;
   MPI_Comm_rank(node, &node_rank);
   int leads = node_rank == 0 ? 1 : 0;
@@ -77,7 +80,8 @@ std::vector<forkpool::detail::ObjectRecord> share_rank0_objects(const World& w) 
   ByteBuffer bytes;
   if (w.rank == 0) {
     std::vector<forkpool::detail::ObjectRecord> records;
-    for (const auto& object : forkpool::detail::loaded_objects()) records.push_back(forkpool::detail::record_of(object));
+    for (const auto& object : forkpool::detail::loaded_objects())
+      records.push_back(forkpool::detail::record_of(object));
     Writer writer;
     writer.write(records);
     bytes = std::move(writer.buffer());

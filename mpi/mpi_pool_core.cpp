@@ -83,8 +83,9 @@ void MpiPoolCore::start_nodes() {
   if (nodes_.size() == 1) return;
   id_ = Hub::instance().add(this);
   auto initializer = reinterpret_cast<std::uintptr_t>(options_.initializer.plain());
-  PoolSettings settings{options_.processes, options_.maxtasksperchild, options_.max_retries,
-                        static_cast<std::int64_t>(options_.task_timeout.count()), options_.seed, initializer};
+  PoolSettings settings{options_.processes,   options_.maxtasksperchild,
+                        options_.max_retries, static_cast<std::int64_t>(options_.task_timeout.count()),
+                        options_.seed,        initializer};
   for (std::size_t i = 1; i < nodes_.size(); ++i) {
     Writer w;
     w.write(Kind::open);
@@ -243,7 +244,8 @@ void MpiPoolCore::on_done(int source, Reader& r) {
   std::size_t size = r.read_count(1, "result bytes");
   Reader results(r.read_span(size), {}, &blocks);
   try {
-    if (first > end || end > job->range.count) throw ProtocolError("forkpool::mpi: a result for elements outside its chunk");
+    if (first > end || end > job->range.count)
+      throw ProtocolError("forkpool::mpi: a result for elements outside its chunk");
     // The node is freed first, as for a local job.
     it->second.remaining -= std::min(it->second.remaining, end - first);
     if (it->second.remaining == 0) finish_remote(id);

@@ -140,7 +140,9 @@ class NodeServer {
     auto it = pools_.find(pool);
     auto sink = std::make_shared<ReplySink>(*this, pool, id, 0);
     try {
-      if (it == pools_.end()) throw Error("forkpool::mpi: rank " + std::to_string(world_.rank) + " has no pool for this job (it could not be started)");
+      if (it == pools_.end())
+        throw Error("forkpool::mpi: rank " + std::to_string(world_.rank) +
+                    " has no pool for this job (it could not be started)");
       auto job = std::make_shared<Job>();
       job->payload = rebuilt_payload(tabled.body, storages, job->blocks, job->range);
       sink = std::make_shared<ReplySink>(*this, pool, id, job->range.size());
@@ -154,10 +156,13 @@ class NodeServer {
 
   // The task message for this rank: rank 0's code addresses translated, and the table naming the
   // blocks received here.
-  ByteBuffer rebuilt_payload(std::span<const std::byte> body, const std::vector<std::shared_ptr<forkpool::detail::Storage>>& storages,
+  ByteBuffer rebuilt_payload(std::span<const std::byte> body,
+                             const std::vector<std::shared_ptr<forkpool::detail::Storage>>& storages,
                              OutgoingBlocks& blocks, ElementRange& range) {
     forkpool::detail::TaskLayout task = forkpool::detail::parse_task(body);
-    auto translated = [&](std::uint64_t address) { return address == 0 ? std::uint64_t{0} : std::uint64_t{objects_.translate(address)}; };
+    auto translated = [&](std::uint64_t address) {
+      return address == 0 ? std::uint64_t{0} : std::uint64_t{objects_.translate(address)};
+    };
     Writer w;
     forkpool::detail::write_task_head(w, translated(task.invoker), translated(task.function));
     w.write_bytes(task.elements.data(), task.elements.size());
@@ -184,18 +189,21 @@ class NodeServer {
       core = it->second.core;
       if (terminate) pools_.erase(it);
     }
-    finishing_.start([](NodeServer& server, std::shared_ptr<PoolCore> core, std::uint64_t pool, bool terminate) -> Task<void> {
-      if (core) {
-        if (terminate) core->terminate();
-        else core->close();
-        co_await core->join();
-        server.pools_.erase(pool);
-      }
-      Writer w;
-      w.write(Kind::joined);
-      w.write(pool);
-      server.send(std::move(w.buffer()));
-    }(*this, std::move(core), pool, terminate));
+    finishing_.start(
+        [](NodeServer& server, std::shared_ptr<PoolCore> core, std::uint64_t pool, bool terminate) -> Task<void> {
+          if (core) {
+            if (terminate)
+              core->terminate();
+            else
+              core->close();
+            co_await core->join();
+            server.pools_.erase(pool);
+          }
+          Writer w;
+          w.write(Kind::joined);
+          w.write(pool);
+          server.send(std::move(w.buffer()));
+        }(*this, std::move(core), pool, terminate));
   }
 
   World& world_;

@@ -16,7 +16,8 @@ void check(int rc, const char* what) {
   char text[MPI_MAX_ERROR_STRING];
   int length = 0;
   MPI_Error_string(rc, text, &length);
-  throw forkpool::Error(std::string("forkpool::mpi: ") + what + ": " + std::string(text, static_cast<std::size_t>(length)));
+  throw forkpool::Error(std::string("forkpool::mpi: ") + what + ": " +
+                        std::string(text, static_cast<std::size_t>(length)));
 }
 
 }  // namespace
@@ -24,7 +25,8 @@ void check(int rc, const char* what) {
 void Transport::send(int destination, forkpool::ByteBuffer payload,
                      const std::vector<std::shared_ptr<forkpool::detail::Storage>>& blocks) {
   if (payload.size() > static_cast<std::size_t>(INT_MAX))
-    throw forkpool::Error("forkpool::mpi: a control message over 2 GiB (its tensors cross as blocks, its other data does not)");
+    throw forkpool::Error(
+        "forkpool::mpi: a control message over 2 GiB (its tensors cross as blocks, its other data does not)");
   auto& message = in_flight_.emplace_back(InFlight{MPI_REQUEST_NULL, std::move(payload), nullptr});
   check(MPI_Isend(message.payload.data(), static_cast<int>(message.payload.size()), MPI_BYTE, destination, kControlTag,
                   MPI_COMM_WORLD, &message.request),
@@ -82,7 +84,8 @@ void Transport::receive_blocks(int source, const std::vector<std::shared_ptr<for
       check(MPI_Recv(block->data() + at, count, MPI_BYTE, source, kDataTag, MPI_COMM_WORLD, &status), "MPI_Recv");
       int got = 0;
       MPI_Get_count(&status, MPI_BYTE, &got);
-      if (got != count) throw forkpool::ProtocolError("forkpool::mpi: a block arrived with another size than announced");
+      if (got != count)
+        throw forkpool::ProtocolError("forkpool::mpi: a block arrived with another size than announced");
     }
   }
 }

@@ -41,7 +41,8 @@ void copy_elements(const Tensor& t, std::byte* out) {
   for (std::int64_t n = 0; n < t.numel(); ++n) {
     std::int64_t offset = 0;
     for (std::size_t d = 0; d < shape.size(); ++d) offset += at[d] * strides[d];
-    std::memcpy(out + static_cast<std::size_t>(n) * element, base + offset * static_cast<std::int64_t>(element), element);
+    std::memcpy(out + static_cast<std::size_t>(n) * element, base + offset * static_cast<std::int64_t>(element),
+                element);
     for (std::size_t d = shape.size(); d-- > 0;) {
       if (++at[d] < shape[d]) break;
       at[d] = 0;
@@ -52,7 +53,9 @@ void copy_elements(const Tensor& t, std::byte* out) {
 }  // namespace
 
 void check_loader_options(const DataLoaderOptions& options) {
-  auto refuse = [](const char* what) { throw std::invalid_argument(std::string("forkpool: DataLoaderOptions::") + what); };
+  auto refuse = [](const char* what) {
+    throw std::invalid_argument(std::string("forkpool: DataLoaderOptions::") + what);
+  };
   if (options.batch_size == 0) refuse("batch_size must be >= 1");
   if (options.num_workers < 0) refuse("num_workers must be >= 0");
   if (options.prefetch_factor < 1) refuse("prefetch_factor must be >= 1");
@@ -88,14 +91,16 @@ std::vector<std::vector<std::uint64_t>> epoch_batches(std::size_t dataset_size, 
     std::size_t padded = rank_samples(dataset_size, options) * world;
     for (std::size_t i = 0; order.size() < padded; ++i) order.push_back(order[i]);
     std::vector<std::uint64_t> share;
-    for (std::size_t i = static_cast<std::size_t>(options.rank); i < order.size(); i += world) share.push_back(order[i]);
+    for (std::size_t i = static_cast<std::size_t>(options.rank); i < order.size(); i += world)
+      share.push_back(order[i]);
     order = std::move(share);
   }
   std::vector<std::vector<std::uint64_t>> batches;
   for (std::size_t first = 0; first < order.size(); first += options.batch_size) {
     std::size_t end = std::min(first + options.batch_size, order.size());
     if (end - first < options.batch_size && options.drop_last) break;
-    batches.emplace_back(order.begin() + static_cast<std::ptrdiff_t>(first), order.begin() + static_cast<std::ptrdiff_t>(end));
+    batches.emplace_back(order.begin() + static_cast<std::ptrdiff_t>(first),
+                         order.begin() + static_cast<std::ptrdiff_t>(end));
   }
   return batches;
 }
@@ -121,8 +126,10 @@ Tensor stack(const std::vector<Tensor>& samples) {
   for (std::size_t i = 1; i < samples.size(); ++i) {
     const Tensor& t = samples[i];
     if (t.dtype() != first.dtype() || !std::ranges::equal(t.shape(), first.shape()))
-      throw std::invalid_argument("forkpool: DataLoader: the default collate stacks samples of one dtype and shape; "
-                                  "sample " + std::to_string(i) + " of the batch differs from the first (give a collate)");
+      throw std::invalid_argument(
+          "forkpool: DataLoader: the default collate stacks samples of one dtype and shape; "
+          "sample " +
+          std::to_string(i) + " of the batch differs from the first (give a collate)");
   }
   std::vector<std::int64_t> shape{static_cast<std::int64_t>(samples.size())};
   shape.insert(shape.end(), first.shape().begin(), first.shape().end());

@@ -41,18 +41,18 @@ namespace forkpool {
 // torch's names and meanings; fields stay in this order (designated initializers).
 struct DataLoaderOptions {
   std::size_t batch_size = 1;
-  bool shuffle = false;              // a new permutation per epoch, reproducible from seed
-  bool drop_last = false;            // drop the last batch when it is short
-  int num_workers = 2;               // 0: batches made in the calling process
-  int prefetch_factor = 2;           // batches in flight per worker
-  bool persistent_workers = false;   // the same workers for every epoch (else forked per epoch)
+  bool shuffle = false;                   // a new permutation per epoch, reproducible from seed
+  bool drop_last = false;                 // drop the last batch when it is short
+  int num_workers = 2;                    // 0: batches made in the calling process
+  int prefetch_factor = 2;                // batches in flight per worker
+  bool persistent_workers = false;        // the same workers for every epoch (else forked per epoch)
   std::chrono::nanoseconds timeout = {};  // 0: none; a batch taking longer fails with TimeoutError
-  bool in_order = true;              // false: batches as they finish
-  std::uint64_t seed = 0;            // 0: random (with world_size > 1: a fixed one every rank shares)
-  int rank = 0, world_size = 1;      // the distributed sampler: this rank's share of each epoch
+  bool in_order = true;                   // false: batches as they finish
+  std::uint64_t seed = 0;                 // 0: random (with world_size > 1: a fixed one every rank shares)
+  int rank = 0, world_size = 1;           // the distributed sampler: this rank's share of each epoch
   // Beyond torch's list:
   std::function<void(int)> worker_init = {};  // in each worker before its first batch, given its id
-  std::string progress = {};         // not empty: blocking iteration draws a progress line so labelled
+  std::string progress = {};                  // not empty: blocking iteration draws a progress line so labelled
 };
 
 namespace detail {
@@ -104,8 +104,8 @@ class DataLoader {
   using Collate = Batch (*)(std::vector<Sample>);
 
   // Throws std::invalid_argument for options out of range.
-  explicit DataLoader(Dataset dataset, DataLoaderOptions options = {})
-    requires std::is_same_v<Batch, detail::DefaultBatch<Sample>>
+  explicit DataLoader(Dataset dataset,
+                      DataLoaderOptions options = {}) requires std::is_same_v<Batch, detail::DefaultBatch<Sample>>
       : DataLoader(std::move(dataset), std::move(options), &detail::default_collate<Sample>) {}
   DataLoader(Dataset dataset, DataLoaderOptions options, Collate collate)
       : shared_(std::make_shared<Shared>(Shared{std::move(dataset), collate, options.worker_init})),
@@ -206,10 +206,11 @@ class DataLoader {
 
   PoolOptions pool_options() const {
     return {.processes = options_.num_workers,
-            .initializer = [shared = shared_] {
-              in_worker = shared.get();
-              if (shared->worker_init) shared->worker_init(worker_info()->id);
-            },
+            .initializer =
+                [shared = shared_] {
+                  in_worker = shared.get();
+                  if (shared->worker_init) shared->worker_init(worker_info()->id);
+                },
             .start_method = StartMethod::fork,
             .task_timeout = options_.timeout,
             .seed = seed_};
@@ -219,7 +220,9 @@ class DataLoader {
   class InProcessEpoch final : public detail::StreamState<Batch> {
    public:
     InProcessEpoch(std::shared_ptr<Shared> shared, std::vector<std::vector<std::uint64_t>> batches)
-        : detail::StreamState<Batch>(/*ordered=*/true, /*window=*/1), shared_(std::move(shared)), batches_(std::move(batches)) {
+        : detail::StreamState<Batch>(/*ordered=*/true, /*window=*/1),
+          shared_(std::move(shared)),
+          batches_(std::move(batches)) {
       this->set_known_total(batches_.size());
     }
 

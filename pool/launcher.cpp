@@ -24,7 +24,7 @@
 namespace forkpool::detail {
 namespace {
 
-SpawnedWorker fork_worker(const WorkerSpec& spec, int index, UniqueFd channel) {
+StartedWorker fork_worker(const WorkerSpec& spec, int index, UniqueFd channel) {
   auto objects = loaded_object_bases();
   pid_t parent = getpid();
   pid_t pid = fork_helper();
@@ -36,7 +36,7 @@ SpawnedWorker fork_worker(const WorkerSpec& spec, int index, UniqueFd channel) {
 class ForkLauncher final : public Launcher {
  public:
   explicit ForkLauncher(WorkerSpec spec) : spec_(std::move(spec)) {}
-  SpawnedWorker spawn(int index, UniqueFd channel) override { return fork_worker(spec_, index, std::move(channel)); }
+  StartedWorker start(int index, UniqueFd channel) override { return fork_worker(spec_, index, std::move(channel)); }
 
  private:
   WorkerSpec spec_;
@@ -57,17 +57,17 @@ class ZygoteChildren {
   // servers): each is reaped and forgotten.
   explicit ZygoteChildren(bool keep_status = true) : keep_status_(keep_status) {}
 
-  void add(std::uint64_t spawn_id, SpawnedWorker child) {
-    last_spawn_ = {spawn_id, child.pid};
+  void add(std::uint64_t start_id, StartedWorker child) {
+    last_start_ = {start_id, child.pid};
     running_.emplace(child.pid, std::move(child.pidfd));
   }
 
   // The parent never learnt of this worker: it is killed, and its status dropped.
-  void forget(std::uint64_t spawn_id) {
-    if (spawn_id != last_spawn_.first) return;
-    auto it = running_.find(last_spawn_.second);
+  void forget(std::uint64_t start_id) {
+    if (start_id != last_start_.first) return;
+    auto it = running_.find(last_start_.second);
     if (it == running_.end()) {
-      exited_.erase(last_spawn_.second);
+      exited_.erase(last_start_.second);
       return;
     }
     forgotten_.insert(it->first);
@@ -81,7 +81,7 @@ class ZygoteChildren {
       return status;
     }
     auto it = running_.find(pid);
-    if (it == running_.end()) return {};  // not ours: unknown
+    if (it == running_.end()) return {};                 // not ours: unknown
     ExitStatus status = detail::reap(it->second.get());  // the parent asks once it has exited
     running_.erase(it);
     return status;
@@ -115,7 +115,7 @@ class ZygoteChildren {
   std::map<pid_t, UniqueFd> running_;  // by pid: its pidfd
   std::map<pid_t, ExitStatus> exited_;
   std::set<pid_t> forgotten_;
-  std::pair<std::uint64_t, pid_t> last_spawn_{0, -1};
+  std::pair<std::uint64_t, pid_t> last_start_{0, -1};
 };
 
 // A server's answer to a request to start a child: `start()` makes it (throwing std::system_error
@@ -124,7 +124,7 @@ class ZygoteChildren {
 template <class Start>
 void start_child_and_reply(Channel& control, const Message& request, ZygoteChildren& children, Start start) {
   std::int64_t pid_or_error;
-  std::optional<SpawnedWorker> child;
+  std::optional<StartedWorker> child;
   try {
     child.emplace(start());
     pid_or_error = child->pid;
@@ -149,10 +149,12 @@ void start_child_and_reply(Channel& control, const Message& request, ZygoteChild
       Reader in = request.reader();
       if (request.kind == kSpawnRequest && request.fds.size() == 1) {
         int index = in.read<int>();
-        start_child_and_reply(control, request, children, [&] { return fork_worker(spec, index, std::move(request.fds[0])); });
+        start_child_and_reply(control, request, children,
+                              [&] { return fork_worker(spec, index, std::move(request.fds[0])); });
       } else if (request.kind == kReapRequest) {
         ExitStatus status = children.take_status(static_cast<pid_t>(in.read<std::int64_t>()));
-        control.send(kReapRequest, request.request_id, encode(std::pair<int, int>(status.exit_code, status.signal)).bytes());
+        control.send(kReapRequest, request.request_id,
+                     encode(std::pair<int, int>(status.exit_code, status.signal)).bytes());
       } else if (request.kind == kForgetRequest) {
         children.forget(in.read<std::uint64_t>());
       } else {
@@ -179,7 +181,8 @@ enum ProgramServerRequest : std::uint16_t { kStartForkServer = 1 };
 
 using StartForkServer = std::tuple<int, std::uint64_t, std::string, ObjectRecord>;
 
-[[noreturn]] void program_server_main(pid_t parent, UniqueFd control_fd, std::shared_ptr<const std::set<std::uintptr_t>> own) noexcept {
+[[noreturn]] void program_server_main(pid_t parent, UniqueFd control_fd,
+                                      std::shared_ptr<const std::set<std::uintptr_t>> own) noexcept {
   int fd = become_helper_process("forkpool-server", parent, control_fd.release());
   Channel control{UniqueFd(fd)};
   ZygoteChildren children(/*keep_status=*/false);
@@ -187,7 +190,8 @@ using StartForkServer = std::tuple<int, std::uint64_t, std::string, ObjectRecord
     for (;;) {
       children.wait_for_request(control.fd());
       Message request = control.receive();
-      if (request.kind != kStartForkServer || request.fds.empty() || request.fds.size() > 2) exit_helper(kExitBadMessage);
+      if (request.kind != kStartForkServer || request.fds.empty() || request.fds.size() > 2)
+        exit_helper(kExitBadMessage);
       auto [maxtasksperchild, initializer, process_name, record] = decode<StartForkServer>(request.payload.bytes());
       pid_t pid = fork_helper();
       int fork_error = errno;
@@ -211,7 +215,7 @@ using StartForkServer = std::tuple<int, std::uint64_t, std::string, ObjectRecord
       }
       start_child_and_reply(control, request, children, [&] {
         if (pid < 0) throw std::system_error(fork_error, std::generic_category(), "fork");
-        return SpawnedWorker{pid, watch_child(pid), nullptr};
+        return StartedWorker{pid, watch_child(pid), nullptr};
       });
     }
   } catch (const ChannelClosed&) {
@@ -247,7 +251,7 @@ class ProgramForkServer {
 
   // Forks a fork server for a pool, serving `control` (its end), whose workers run `spec`;
   // `spec.initializer` is plain. Throws ChannelClosed when this server is gone.
-  SpawnedWorker start_fork_server(const WorkerSpec& spec, int control) {
+  StartedWorker start_fork_server(const WorkerSpec& spec, int control) {
     std::lock_guard lock(mutex_);  // pools on several threads share the socket
     auto initializer = reinterpret_cast<std::uintptr_t>(spec.initializer.plain());
     ObjectRecord record;
@@ -257,7 +261,9 @@ class ProgramForkServer {
     if (int tracker = name_tracker_socket(); tracker >= 0) fds.push_back(tracker);
     Message reply;
     try {
-      channel_.send(kStartForkServer, ++next_id_, encode(StartForkServer(spec.maxtasksperchild, initializer, spec.process_name, record)).bytes(), fds);
+      channel_.send(kStartForkServer, ++next_id_,
+                    encode(StartForkServer(spec.maxtasksperchild, initializer, spec.process_name, record)).bytes(),
+                    fds);
       reply = channel_.receive();
     } catch (const ChannelClosed&) {
       // It was killed: reaped here (our child, or a zombie for ever), and never asked again.
@@ -265,9 +271,12 @@ class ProgramForkServer {
       waitpid(pid_, nullptr, 0);
       throw;
     }
-    if (reply.kind != kStartForkServer || reply.request_id != next_id_) throw ProtocolError("forkpool: the program's fork server replied out of turn");
+    if (reply.kind != kStartForkServer || reply.request_id != next_id_)
+      throw ProtocolError("forkpool: the program's fork server replied out of turn");
     auto pid = decode<std::int64_t>(reply.payload.bytes());
-    if (pid < 0) throw std::system_error(static_cast<int>(-pid), std::generic_category(), "forkpool: fork (in the program's fork server)");
+    if (pid < 0)
+      throw std::system_error(static_cast<int>(-pid), std::generic_category(),
+                              "forkpool: fork (in the program's fork server)");
     if (reply.fds.size() != 1) throw ProtocolError("forkpool: the program's fork server replied without a pidfd");
     return {static_cast<pid_t>(pid), std::move(reply.fds[0]), objects_};
   }
@@ -298,15 +307,14 @@ class ForkServerLauncher final : public Launcher {
 
   // A fork server that died (killed, say) is replaced once per start; if the new one cannot be
   // started either, the start fails with an Error.
-  SpawnedWorker spawn(int index, UniqueFd channel) override {
+  StartedWorker start(int index, UniqueFd channel) override {
     try {
-      return spawn_through_zygote(index, channel.get());
-    } catch (const ChannelClosed&) {
-    }
+      return start_through_zygote(index, channel.get());
+    } catch (const ChannelClosed&) {}
     try {
       stop_zygote();
       start_zygote();
-      return spawn_through_zygote(index, channel.get());
+      return start_through_zygote(index, channel.get());
     } catch (const ChannelClosed&) {
       throw Error("forkpool: the fork server died, and so did the one started to replace it");
     } catch (const std::system_error& e) {
@@ -314,7 +322,7 @@ class ForkServerLauncher final : public Launcher {
     }
   }
 
-  ExitStatus reap(const SpawnedWorker& worker) override {
+  ExitStatus reap(const StartedWorker& worker) override {
     try {
       Message reply = call(kReapRequest, encode(static_cast<std::int64_t>(worker.pid)), {});
       auto [code, signal] = decode<std::pair<int, int>>(reply.payload.bytes());
@@ -360,23 +368,24 @@ class ForkServerLauncher final : public Launcher {
     zygote_ = {};
   }
 
-  SpawnedWorker spawn_through_zygote(int index, int channel_fd) {
+  StartedWorker start_through_zygote(int index, int channel_fd) {
     Message reply;
     try {
       reply = call(kSpawnRequest, encode(index), std::span(&channel_fd, 1));
     } catch (const ProtocolError&) {
       // Most likely our descriptor table is full and the pidfd was lost on the way (MSG_CTRUNC):
       // the worker must not run unwatched.
-      std::uint64_t spawn_id = next_id_;
+      std::uint64_t start_id = next_id_;
       try {
-        control_->send(kForgetRequest, ++next_id_, encode(spawn_id).bytes());
+        control_->send(kForgetRequest, ++next_id_, encode(start_id).bytes());
       } catch (const std::exception&) {
         // The fork server is gone too, and its children with it.
       }
       throw;
     }
     auto pid = decode<std::int64_t>(reply.payload.bytes());
-    if (pid < 0) throw std::system_error(static_cast<int>(-pid), std::generic_category(), "forkpool: fork (in the fork server)");
+    if (pid < 0)
+      throw std::system_error(static_cast<int>(-pid), std::generic_category(), "forkpool: fork (in the fork server)");
     if (reply.fds.size() != 1) throw ProtocolError("forkpool: the fork server replied without a pidfd");
     return {static_cast<pid_t>(pid), std::move(reply.fds[0]), zygote_.objects};
   }
@@ -387,12 +396,13 @@ class ForkServerLauncher final : public Launcher {
     if (!control_) throw ChannelClosed("forkpool: no fork server");
     control_->send(kind, ++next_id_, request.bytes(), fds);
     Message reply = control_->receive();
-    if (reply.kind != kind || reply.request_id != next_id_) throw ProtocolError("forkpool: the fork server replied out of turn");
+    if (reply.kind != kind || reply.request_id != next_id_)
+      throw ProtocolError("forkpool: the fork server replied out of turn");
     return reply;
   }
 
   WorkerSpec spec_;
-  SpawnedWorker zygote_;
+  StartedWorker zygote_;
   bool own_child_ = true;  // forked by us, not by the program's fork server
   std::optional<Channel> control_;
   std::uint64_t next_id_ = 0;
@@ -402,7 +412,9 @@ class ForkServerLauncher final : public Launcher {
 
 void start_program_fork_server() { ProgramForkServer::start(); }
 
-std::unique_ptr<Launcher> make_fork_launcher(WorkerSpec spec) { return std::make_unique<ForkLauncher>(std::move(spec)); }
+std::unique_ptr<Launcher> make_fork_launcher(WorkerSpec spec) {
+  return std::make_unique<ForkLauncher>(std::move(spec));
+}
 std::unique_ptr<Launcher> make_fork_server_launcher(WorkerSpec spec) {
   return std::make_unique<ForkServerLauncher>(std::move(spec));
 }

@@ -64,7 +64,8 @@ class MapSink final : public JobSink {
       results.read_bytes(slots_.data() + begin + range.first, size * sizeof(W));
       results.expect_end();
     } else {
-      read_results<W>(results, range, offsets_[chunk + 1] - begin, [&](std::size_t i, W&& value) { slots_[begin + i] = std::move(value); });
+      read_results<W>(results, range, offsets_[chunk + 1] - begin,
+                      [&](std::size_t i, W&& value) { slots_[begin + i] = std::move(value); });
     }
     remaining_ -= size;
     state_->set_progress(slots_.size() - remaining_, slots_.size());
@@ -115,8 +116,10 @@ void connect_cancel(ResultState<R>& state, const std::shared_ptr<PoolCore>& core
   state.set_canceller([weak = std::weak_ptr<PoolCore>(core), sink](typename ResultState<R>::CancelStep step) {
     std::shared_ptr<PoolCore> live = weak.lock();
     if (!live) return;
-    if (step == ResultState<R>::CancelStep::check) live->check_owner("AsyncResult::cancel");
-    else live->cancel(sink);
+    if (step == ResultState<R>::CancelStep::check)
+      live->check_owner("AsyncResult::cancel");
+    else
+      live->cancel(sink);
   });
 }
 
@@ -128,7 +131,10 @@ class RangeStream final : public StreamState<NonVoid<CallResult<F, Element, Spre
               bool bound_unconsumed)
       : StreamState<NonVoid<CallResult<F, Element, Spread>>>(
             ordered, window > 0 ? window : 2 * static_cast<std::size_t>(core->processes()), bound_unconsumed),
-        core_(std::move(core)), f_(f), view_(std::move(view)), it_(std::ranges::begin(view_)),
+        core_(std::move(core)),
+        f_(f),
+        view_(std::move(view)),
+        it_(std::ranges::begin(view_)),
         chunksize_(std::max<std::size_t>(chunksize, 1)) {
     if constexpr (std::ranges::sized_range<View>) this->set_known_total(std::ranges::size(view_));
     core_->stream_opened();
@@ -325,7 +331,8 @@ class Pool {
     using Element = std::ranges::range_value_t<View>;
     using W = detail::NonVoid<detail::CallResult<F, Element, false>>;
     auto state = std::make_shared<detail::RangeStream<F, Element, false, View>>(
-        core_, f, std::views::all(detail::owned_input(std::forward<Range>(inputs))), chunksize, ordered, window, bound_unconsumed);
+        core_, f, std::views::all(detail::owned_input(std::forward<Range>(inputs))), chunksize, ordered, window,
+        bound_unconsumed);
     state->start();  // work starts at the call, as Python's imap
     return Stream<W>(std::move(state));
   }

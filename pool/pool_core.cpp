@@ -83,12 +83,12 @@ class PoolCoreImpl final : public PoolCore, public WorkerEvents, public std::ena
  private:
   // What becomes of a job that was in flight on a worker that is gone.
   enum class Fate {
-    fail,          // its sink gets `error`
-    drop,          // nobody wants it any more (its map failed)
-    requeue,       // it never started, or was lost only because we stopped another job: again, free
-    retry,         // it ran: again, charged one attempt
-    split,         // its chunk ran partly: the part before the running element and the part
-                   // after it go again free, the running element alone is charged
+    fail,     // its sink gets `error`
+    drop,     // nobody wants it any more (its map failed)
+    requeue,  // it never started, or was lost only because we stopped another job: again, free
+    retry,    // it ran: again, charged one attempt
+    split,    // its chunk ran partly: the part before the running element and the part
+              // after it go again free, the running element alone is charged
   };
   struct Verdict {
     Fate fate;
@@ -108,7 +108,7 @@ class PoolCoreImpl final : public PoolCore, public WorkerEvents, public std::ena
   Task<void> enforce_task_timeout();
 
   PoolOptions options_;
-  std::string process_name_;  // non-empty: the workers are Processes
+  std::string process_name_;   // non-empty: the workers are Processes
   bool jobs_die_with_worker_;  // PoolCore::create
   int processes_;
   std::unique_ptr<Launcher> launcher_;
@@ -125,18 +125,17 @@ class PoolCoreImpl final : public PoolCore, public WorkerEvents, public std::ena
   OneShot all_exited_;
   std::stop_source stop_timers_;  // ends enforce_task_timeout() on terminate()
   CodeObjects code_objects_;      // where the task functions live, for the workers to load
-  Scope background_;  // each worker's conversation, and the task_timeout timer
+  Scope background_;              // each worker's conversation, and the task_timeout timer
 };
 
 PoolCore::PoolCore() : owner_thread_(std::this_thread::get_id()), owner_pid_(current_pid()) {}
 
 bool PoolCore::in_owner_process() const noexcept { return current_pid() == owner_pid_; }
 
-
-
 void PoolCore::check_owner(const char* who) const {
   if (!in_owner_process())
-    throw std::logic_error(std::string("forkpool: ") + who + " called in a forked child: a Pool belongs to the process that made it");
+    throw std::logic_error(std::string("forkpool: ") + who +
+                           " called in a forked child: a Pool belongs to the process that made it");
   if (std::this_thread::get_id() != owner_thread_)
     throw std::logic_error(std::string("forkpool: ") + who +
                            " called from another thread: a Pool belongs to the thread that made it; hand "
@@ -155,10 +154,13 @@ std::shared_ptr<PoolCore> PoolCore::create(PoolOptions options, std::string proc
 }
 
 PoolCoreImpl::PoolCoreImpl(PoolOptions options, std::string process_name, bool jobs_die_with_worker)
-    : options_(std::move(options)), process_name_(std::move(process_name)),
-      jobs_die_with_worker_(jobs_die_with_worker || !process_name_.empty()), processes_(options_.processes > 0 ? options_.processes : default_processes()) {
+    : options_(std::move(options)),
+      process_name_(std::move(process_name)),
+      jobs_die_with_worker_(jobs_die_with_worker || !process_name_.empty()),
+      processes_(options_.processes > 0 ? options_.processes : default_processes()) {
   if (options_.processes < 0) throw std::invalid_argument("forkpool: PoolOptions::processes must be >= 0");
-  if (options_.maxtasksperchild < 0) throw std::invalid_argument("forkpool: PoolOptions::maxtasksperchild must be >= 0");
+  if (options_.maxtasksperchild < 0)
+    throw std::invalid_argument("forkpool: PoolOptions::maxtasksperchild must be >= 0");
   if (options_.max_retries < 0) throw std::invalid_argument("forkpool: PoolOptions::max_retries must be >= 0");
   if (options_.task_timeout < std::chrono::nanoseconds::zero())
     throw std::invalid_argument("forkpool: PoolOptions::task_timeout must be >= 0");
@@ -206,7 +208,7 @@ void PoolCoreImpl::launch_workers(int count) {
     seeds.push_back(worker_seed(seed_base_, id, generations_[id]++));
     launches[i] = {id, std::move(starts.back().theirs), {}, nullptr};
   }
-  launcher_->spawn_all(launches);
+  launcher_->start_all(launches);
   std::exception_ptr first_failure;
   for (int i = 0; i < count; ++i) {
     try {
@@ -218,7 +220,8 @@ void PoolCoreImpl::launch_workers(int count) {
       std::int64_t spin = options_.spin ? options_.spin->count() : -1;
       Writer hello = encode(std::tuple<int, int, std::uint64_t, SharingStrategy, std::int64_t, std::int32_t>(
           worker->index(), processes_, seeds[i], get_sharing_strategy(), spin, static_cast<std::int32_t>(getpid())));
-      worker->begin(shared_from_this(), *launcher_, code_objects_, background_, starts[i], hello.bytes(), options_.spin);
+      worker->begin(shared_from_this(), *launcher_, code_objects_, background_, starts[i], hello.bytes(),
+                    options_.spin);
     } catch (...) {
       if (!first_failure) first_failure = std::current_exception();
     }
@@ -327,7 +330,8 @@ PoolCoreImpl::Verdict PoolCoreImpl::fate_of(const Death& death, std::uint64_t id
   if (terminated_) return {Fate::fail, std::make_exception_ptr(PoolTerminated())};
   // A Process (or a rank) is its worker: its end is the task's, whether it took the task up or not.
   if (jobs_die_with_worker_) return {Fate::fail, lost()};
-  if (id == schedule.stopped_job && schedule.stop_reason) return {Fate::fail, schedule.stop_reason};  // task_timeout: not retried
+  if (id == schedule.stopped_job && schedule.stop_reason)
+    return {Fate::fail, schedule.stop_reason};  // task_timeout: not retried
   if (job.sink->abandoned()) return {Fate::drop, nullptr};
   bool never_started = id > death.last_taken && !death.slot_forged;
   if (never_started && job.free_requeues < kMaxFreeRequeues) {
@@ -343,7 +347,8 @@ PoolCoreImpl::Verdict PoolCoreImpl::fate_of(const Death& death, std::uint64_t id
 
 void PoolCoreImpl::worker_gone(const std::shared_ptr<PoolWorker>& worker) {
   std::erase(workers_, worker);
-  if (worker->initializer_error() && ++initializer_failures_ >= kMaxInitializerFailures) broken_ = worker->initializer_error();
+  if (worker->initializer_error() && ++initializer_failures_ >= kMaxInitializerFailures)
+    broken_ = worker->initializer_error();
 
   RunningSlot& slot = worker->slot();
   Death death{*worker, slot.request_id.load(), false};
@@ -353,14 +358,9 @@ void PoolCoreImpl::worker_gone(const std::shared_ptr<PoolWorker>& worker) {
   for (auto& [id, job] : worker->in_flight()) {
     Verdict verdict = fate_of(death, id, *job);
     switch (verdict.fate) {
-      case Fate::fail:
-        failed.emplace_back(job, std::move(verdict.error));
-        break;
-      case Fate::drop:
-        break;
-      case Fate::requeue:
-        requeued.push_back(job);
-        break;
+      case Fate::fail: failed.emplace_back(job, std::move(verdict.error)); break;
+      case Fate::drop: break;
+      case Fate::requeue: requeued.push_back(job); break;
       case Fate::retry:
         ++job->attempts;
         requeued.push_back(job);

@@ -62,7 +62,8 @@ PoolWorker::Start PoolWorker::Start::make() {
 }
 
 PoolWorker::PoolWorker(int index, Start& start)
-    : index_(index), channel_(UniqueFd()),
+    : index_(index),
+      channel_(UniqueFd()),
       running_slot_(Mapping::map(start.slot.get(), kRunningSlotBytes, PROT_READ | PROT_WRITE)) {}
 
 void PoolWorker::begin(std::shared_ptr<WorkerEvents> events, Launcher& launcher, CodeObjects& objects,
@@ -73,7 +74,8 @@ void PoolWorker::begin(std::shared_ptr<WorkerEvents> events, Launcher& launcher,
   objects_ = &objects;
   background_ = &background;
   channel_ = std::move(start.ours);
-  int hello_fds[] = {start.slot.get(), start.link.rings.get(), start.link.worker_wake.get(), start.link.parent_wake.get()};
+  int hello_fds[] = {start.slot.get(), start.link.rings.get(), start.link.worker_wake.get(),
+                     start.link.parent_wake.get()};
   link_ = std::make_unique<ParentLink>(channel_, std::move(start.rings), std::move(start.link.parent_wake),
                                        std::move(start.link.worker_wake), spin);
   std::shared_ptr<PoolWorker> self = shared_from_this();
@@ -124,9 +126,7 @@ void PoolWorker::reject(std::exception_ptr error) {
   kill();
 }
 
-Task<void> PoolWorker::relay_wakes(std::shared_ptr<PoolWorker>) {
-  co_await link_->watch_wakes(wake_stop_.get_token());
-}
+Task<void> PoolWorker::relay_wakes(std::shared_ptr<PoolWorker>) { co_await link_->watch_wakes(wake_stop_.get_token()); }
 
 // On the pool's thread: through the ring when it has room, else the socket.
 void PoolWorker::send_release_now() {
@@ -247,9 +247,9 @@ void PoolWorker::handle_reply(Message& message) {
     // Only before its first task can a worker speak of its initializer; later, only a task can
     // have sent this, and it must not steer the pool (count as the initializer failing).
     if (ready_ || initializer_error_) {
-      reject(std::make_exception_ptr(ProtocolError(
-          "forkpool: worker " + std::to_string(pid()) +
-          " spoke of its initializer after it had succeeded (a task wrote to the pool's socket)")));
+      reject(std::make_exception_ptr(
+          ProtocolError("forkpool: worker " + std::to_string(pid()) +
+                        " spoke of its initializer after it had succeeded (a task wrote to the pool's socket)")));
       return;
     }
     if (message.kind == kReadyMessage) {
@@ -265,8 +265,10 @@ void PoolWorker::handle_reply(Message& message) {
   }
   if (message.kind == kSlabMessage || message.kind == kReleaseMessage) {
     try {
-      if (message.kind == kSlabMessage) memory_->accept_introduction(message.payload.bytes(), message.fds);
-      else memory_->accept_release(message.payload.bytes());
+      if (message.kind == kSlabMessage)
+        memory_->accept_introduction(message.payload.bytes(), message.fds);
+      else
+        memory_->accept_release(message.payload.bytes());
     } catch (...) {
       reject(std::current_exception());
     }

@@ -35,8 +35,10 @@ void forget_started(pid_t pid) {
 }  // namespace
 
 Process::Process(const ProcessOptions& options)
-    : daemon_(options.daemon), pool_(std::make_unique<Pool>(PoolOptions{.processes = 1, .maxtasksperchild = 1, .start_method = options.start_method},
-                                   options.name.empty() ? std::string("forkpool-process") : options.name)) {}
+    : daemon_(options.daemon),
+      pool_(std::make_unique<Pool>(
+          PoolOptions{.processes = 1, .maxtasksperchild = 1, .start_method = options.start_method},
+          options.name.empty() ? std::string("forkpool-process") : options.name)) {}
 
 void Process::started() {
   pool_->close();

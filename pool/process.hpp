@@ -82,8 +82,7 @@ class Process {
     process.wait_ = [result]() -> Task<void> {
       try {
         co_await result;
-      } catch (...) {
-      }
+      } catch (...) {}
     };
     process.started();
     return process;
@@ -112,8 +111,7 @@ Process start_process(ProcessOptions options, F f, Args... args) {
 }
 
 template <class F, class... Args>
-  requires(!std::is_same_v<std::decay_t<F>, ProcessOptions>)
-Process start_process(F f, Args... args) {
+requires(!std::is_same_v<std::decay_t<F>, ProcessOptions>) Process start_process(F f, Args... args) {
   return start_process(ProcessOptions{}, f, args...);
 }
 

@@ -71,8 +71,8 @@ ProcessContext ProcessContext::start_in_pool(int nprocs, StartMethod method,
   if (nprocs <= 0) throw std::invalid_argument("forkpool: start_processes needs nprocs >= 1");
   ProcessContext context;
   // A rank runs once: killed before it started, it fails (ProcessExitedException), never reruns.
-  context.pool_ = std::make_unique<Pool>(PoolOptions{.processes = nprocs, .start_method = method},
-                                         detail::JobsDieWithWorker{});
+  context.pool_ =
+      std::make_unique<Pool>(PoolOptions{.processes = nprocs, .start_method = method}, detail::JobsDieWithWorker{});
   context.pool_pids_ = context.pool_->worker_pids();
   // Each worker is idle: rank r goes to worker r, the least busy one in turn.
   for (int rank = 0; rank < nprocs; ++rank) context.ranks_.push_back(submit(*context.pool_, rank));
@@ -117,7 +117,8 @@ bool ProcessContext::join(std::optional<std::chrono::nanoseconds> timeout) {
       running.push_back(&child);
     }
   if (running.empty()) return true;
-  int wait_ms = timeout ? static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(*timeout).count()) : -1;
+  int wait_ms =
+      timeout ? static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(*timeout).count()) : -1;
   int ready;
   do ready = poll(fds.data(), fds.size(), wait_ms);
   while (ready < 0 && errno == EINTR);

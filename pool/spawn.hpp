@@ -26,7 +26,9 @@ namespace forkpool {
 
 namespace detail {
 template <class T>
-inline constexpr bool has_codec_v = requires(Writer& w, const T& value) { codec<T>::encode(w, value); };
+inline constexpr bool has_codec_v = requires(Writer& w, const T& value) {
+  codec<T>::encode(w, value);
+};
 
 // A rank run as a pool task: whether it ended, and how it failed (null: it did not).
 struct RankOutcome {
@@ -86,8 +88,8 @@ class ProcessContext {
   void kill_all() noexcept;
   bool join_pool(std::optional<std::chrono::nanoseconds> timeout);
   std::vector<Child> children_;
-  std::unique_ptr<Pool> pool_;               // under forkserver and spawn: its workers are the ranks
-  std::vector<detail::RankOutcome> ranks_;   // each rank's task, by rank
+  std::unique_ptr<Pool> pool_;              // under forkserver and spawn: its workers are the ranks
+  std::vector<detail::RankOutcome> ranks_;  // each rank's task, by rank
   std::vector<pid_t> pool_pids_;
 };
 
@@ -108,8 +110,7 @@ ProcessContext start_processes(F fn, int nprocs, SpawnOptions options, Args... a
   };
   ProcessContext context = start();
   if (options.join)
-    while (!context.join()) {
-    }
+    while (!context.join()) {}
   return context;
 }
 
@@ -129,16 +130,15 @@ auto spawn(F fn, int nprocs, SpawnOptions options, Args... args) {
       results.push_back(pool.apply_async(fn, rank, args...));
       return detail::outcome_of(results.back());
     });
-    while (!context.join()) {
-    }
+    while (!context.join()) {}
     std::vector<R> values;
     for (auto& result : results) values.push_back(result.get());
     return values;
   }
 }
 template <class F, class... Args>
-  requires(!std::is_same_v<std::decay_t<std::tuple_element_t<0, std::tuple<Args..., void*>>>, SpawnOptions>)
-auto spawn(F fn, int nprocs, Args... args) {
+requires(!std::is_same_v<std::decay_t<std::tuple_element_t<0, std::tuple<Args..., void*>>>, SpawnOptions>) auto spawn(
+    F fn, int nprocs, Args... args) {
   return spawn(fn, nprocs, SpawnOptions{}, args...);
 }
 

@@ -89,14 +89,14 @@ class SpawnLauncher final : public Launcher {
           "captured state does not exist");
   }
 
-  SpawnedWorker spawn(int index, UniqueFd channel) override {
+  StartedWorker start(int index, UniqueFd channel) override {
     Starting starting = begin(index, std::move(channel));
     finish(starting);
     return std::move(starting.worker);
   }
 
   // Each worker's run up to forkpool::init() overlaps the others'.
-  void spawn_all(std::span<Launch> launches) override {
+  void start_all(std::span<Launch> launches) override {
     std::vector<std::optional<Starting>> starting(launches.size());
     for (std::size_t i = 0; i < launches.size(); ++i) {
       try {
@@ -120,7 +120,7 @@ class SpawnLauncher final : public Launcher {
   // A worker on its way to forkpool::init(): its process and its end of the bootstrap socket.
   struct Starting {
     int index;
-    SpawnedWorker worker;
+    StartedWorker worker;
     Channel bootstrap;
   };
 
@@ -138,13 +138,14 @@ class SpawnLauncher final : public Launcher {
     int bootstrap_fd = theirs.fd();
     pid_t pid = spawn_self(bootstrap_fd, environment_for_child({spawn_marker(bootstrap_fd)}));
     theirs.release();  // the child has it now
-    SpawnedWorker worker{pid, watch_child(pid), std::move(bases)};
+    StartedWorker worker{pid, watch_child(pid), std::move(bases)};
     try {
       auto initializer = reinterpret_cast<std::uintptr_t>(spec_.initializer.plain());
       std::vector<int> fds{channel.get()};
       if (int tracker = name_tracker_socket(); tracker >= 0) fds.push_back(tracker);
       ours.send(kBootstrap, 0,
-                encode(Bootstrap(index, getpid(), spec_.maxtasksperchild, initializer, spec_.process_name, std::move(records)))
+                encode(Bootstrap(index, getpid(), spec_.maxtasksperchild, initializer, spec_.process_name,
+                                 std::move(records)))
                     .bytes(),
                 fds);
     } catch (...) {
@@ -172,13 +173,15 @@ class SpawnLauncher final : public Launcher {
 
   // Returns once the worker read its bootstrap; throws Error when it exits (or closes the
   // socket, or stalls) first, having reaped it (`reaped`) if it exited.
-  static void wait_until_ready(Channel& bootstrap, const SpawnedWorker& worker, int index, bool& reaped) {
+  static void wait_until_ready(Channel& bootstrap, const StartedWorker& worker, int index, bool& reaped) {
     auto deadline = std::chrono::steady_clock::now() + kStartLimit;
-    std::string prefix = "forkpool: spawned worker " + std::to_string(index) + " (pid " + std::to_string(worker.pid) + ") ";
+    std::string prefix =
+        "forkpool: spawned worker " + std::to_string(index) + " (pid " + std::to_string(worker.pid) + ") ";
     for (;;) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
       if (left.count() <= 0)
-        throw Error(prefix + "did not reach forkpool::init() within " + std::to_string(kStartLimit.count()) + " s: " + kCallInitFirst);
+        throw Error(prefix + "did not reach forkpool::init() within " + std::to_string(kStartLimit.count()) +
+                    " s: " + kCallInitFirst);
       pollfd fds[2] = {{bootstrap.fd(), POLLIN, 0}, {worker.pidfd.get(), POLLIN, 0}};
       if (poll(fds, 2, static_cast<int>(left.count())) < 0) {
         if (errno == EINTR) continue;
@@ -196,7 +199,8 @@ class SpawnLauncher final : public Launcher {
         continue;
       }
       pollfd exited{worker.pidfd.get(), POLLIN, 0};
-      if (poll(&exited, 1, 2000) <= 0) throw Error(prefix + "closed its bootstrap socket before reaching forkpool::init(): " + kCallInitFirst);
+      if (poll(&exited, 1, 2000) <= 0)
+        throw Error(prefix + "closed its bootstrap socket before reaching forkpool::init(): " + kCallInitFirst);
       ExitStatus status = detail::reap(worker.pidfd.get());
       reaped = true;
       std::string how = status.signal ? "was killed by signal " + std::to_string(status.signal)
@@ -211,6 +215,8 @@ class SpawnLauncher final : public Launcher {
 
 }  // namespace
 
-std::unique_ptr<Launcher> make_spawn_launcher(WorkerSpec spec) { return std::make_unique<SpawnLauncher>(std::move(spec)); }
+std::unique_ptr<Launcher> make_spawn_launcher(WorkerSpec spec) {
+  return std::make_unique<SpawnLauncher>(std::move(spec));
+}
 
 }  // namespace forkpool::detail

@@ -67,7 +67,8 @@ TaskCall read_task(Message& task, PeerMemory& memory) {
   TabledPayload payload = split_block_table(task.payload.bytes());
   TaskLayout layout = parse_task(payload.body);
   return {reinterpret_cast<Invoker>(static_cast<std::uintptr_t>(layout.invoker)),
-          static_cast<std::uintptr_t>(layout.function), layout.range, layout.elements, memory.accept_blocks(payload.table)};
+          static_cast<std::uintptr_t>(layout.function), layout.range, layout.elements,
+          memory.accept_blocks(payload.table)};
 }
 
 void finish_result(Writer& out, const OutgoingBlocks& blocks, std::span<const std::byte> release) {
@@ -87,9 +88,7 @@ void expect_result_count(Reader& results, const ElementRange& range, std::size_t
     results.fail(std::to_string(count) + " results for a chunk of " + std::to_string(range.size()) + " calls");
 }
 
-ObjectRecord record_of(const LoadedObject& object) {
-  return {object.path, object.build_id, object.base, object.size};
-}
+ObjectRecord record_of(const LoadedObject& object) { return {object.path, object.build_id, object.base, object.size}; }
 
 LoadedObject object_of(ObjectRecord record) {
   auto& [path, build_id, base, size] = record;
@@ -100,9 +99,6 @@ Writer encode_object(const LoadedObject& object) { return encode(record_of(objec
 
 LoadedObject decode_object(std::span<const std::byte> payload) { return object_of(decode<ObjectRecord>(payload)); }
 
-Writer encode_current_exception() {
-  return encode(describe_current_exception());
-}
-
+Writer encode_current_exception() { return encode(describe_current_exception()); }
 
 }  // namespace forkpool::detail

@@ -107,7 +107,8 @@ void receive_hello(Channel& channel, Hello& hello) {
 
 }  // namespace
 
-void worker_main(const WorkerSpec& spec, int index, pid_t parent, UniqueFd channel_fd, ObjectTranslation objects) noexcept {
+void worker_main(const WorkerSpec& spec, int index, pid_t parent, UniqueFd channel_fd,
+                 ObjectTranslation objects) noexcept {
   std::string name = spec.process_name.empty() ? "forkpool-worker-" + std::to_string(index) : spec.process_name;
   int fd = become_helper_process(name, parent, channel_fd.release());
   Channel channel{UniqueFd(fd)};

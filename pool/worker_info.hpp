@@ -11,11 +11,11 @@
 namespace forkpool {
 
 struct WorkerInfo {
-  int id;               // 0 .. num_workers - 1; a replacement keeps the id of the worker it replaces
+  int id;  // 0 .. num_workers - 1; a replacement keeps the id of the worker it replaces
   int num_workers;
   pid_t pid;
-  std::uint64_t seed;   // differs between workers and between a worker and its replacement; the
-                        // same from run to run for the same PoolOptions::seed
+  std::uint64_t seed;  // differs between workers and between a worker and its replacement; the
+                       // same from run to run for the same PoolOptions::seed
 };
 
 // In a pool worker or a rank of spawn()/start_processes(): who it is. Empty elsewhere (in the

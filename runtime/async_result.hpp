@@ -199,7 +199,9 @@ class AsyncResult {
     if (!wait(timeout)) throw TimeoutError("forkpool: AsyncResult::get timed out");
     return state_->take();
   }
-  void wait() const { detail::drive_loop_until([this] { return ready(); }, std::nullopt, "forkpool::AsyncResult::wait"); }
+  void wait() const {
+    detail::drive_loop_until([this] { return ready(); }, std::nullopt, "forkpool::AsyncResult::wait");
+  }
   // True if the result became ready within `timeout`.
   bool wait(std::chrono::nanoseconds timeout) const {
     return detail::drive_loop_until([this] { return ready(); }, timeout, "forkpool::AsyncResult::wait");

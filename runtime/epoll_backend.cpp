@@ -8,7 +8,6 @@
 #include <time.h>
 #include <unistd.h>
 
-
 #include <array>
 #include <set>
 #include <unordered_map>
@@ -55,8 +54,7 @@ int attempt(Operation* op, std::uint32_t revents) {
 class EpollBackend final : public Backend {
  public:
   EpollBackend()
-      : epoll_(epoll_create1(EPOLL_CLOEXEC)),
-        timer_(timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK)) {
+      : epoll_(epoll_create1(EPOLL_CLOEXEC)), timer_(timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK)) {
     if (!epoll_) throw_last_errno("epoll_create1");
     if (!timer_) throw_last_errno("timerfd_create");
     epoll_event ev{};
@@ -139,7 +137,8 @@ class EpollBackend final : public Backend {
   }
 
   void update_interest(int fd, Waiters& w) {
-    std::uint32_t wanted = (w.readers.empty() ? 0u : std::uint32_t{EPOLLIN}) | (w.writers.empty() ? 0u : std::uint32_t{EPOLLOUT});
+    std::uint32_t wanted =
+        (w.readers.empty() ? 0u : std::uint32_t{EPOLLIN}) | (w.writers.empty() ? 0u : std::uint32_t{EPOLLOUT});
     if (wanted == w.registered) {
       if (!wanted) waiters_.erase(fd);
       return;

@@ -2,7 +2,6 @@
 
 #include <string.h>
 
-
 namespace forkpool {
 namespace {
 
@@ -37,21 +36,25 @@ InitializerError::InitializerError(std::string type_name, std::string message, p
 WorkerLost::WorkerLost(pid_t pid, int exit_code, int signal)
     : Error("forkpool: worker " + std::to_string(pid) + " died while running the task (" +
             describe_end(exit_code, signal) + ")"),
-      pid_(pid), exit_code_(exit_code), signal_(signal) {}
+      pid_(pid),
+      exit_code_(exit_code),
+      signal_(signal) {}
 
-ProcessRaisedException::ProcessRaisedException(int rank, pid_t pid, std::string type_name,
-                                               const std::string& message)
-    : Error("forkpool: process " + std::to_string(rank) + " (pid " + std::to_string(pid) +
-            ") raised " + type_name + ": " + message),
-      rank_(rank), pid_(pid), type_name_(std::move(type_name)) {}
+ProcessRaisedException::ProcessRaisedException(int rank, pid_t pid, std::string type_name, const std::string& message)
+    : Error("forkpool: process " + std::to_string(rank) + " (pid " + std::to_string(pid) + ") raised " + type_name +
+            ": " + message),
+      rank_(rank),
+      pid_(pid),
+      type_name_(std::move(type_name)) {}
 
 ProcessExitedException::ProcessExitedException(int rank, pid_t pid, int exit_code, int signal)
     : Error("forkpool: process " + std::to_string(rank) + " (pid " + std::to_string(pid) + ") " +
             describe_end(exit_code, signal)),
-      rank_(rank), pid_(pid), exit_code_(exit_code), signal_(signal) {}
+      rank_(rank),
+      pid_(pid),
+      exit_code_(exit_code),
+      signal_(signal) {}
 
-std::string ProcessExitedException::signal_name() const {
-  return signal_ ? signal_name_of(signal_) : std::string();
-}
+std::string ProcessExitedException::signal_name() const { return signal_ ? signal_name_of(signal_) : std::string(); }
 
 }  // namespace forkpool

@@ -123,5 +123,4 @@ IoAwaitable wait_until(Clock::time_point when, StopRef stop) {
   return IoAwaitable(op, IoOptions{.stop = stop});
 }
 
-
 }  // namespace forkpool::detail

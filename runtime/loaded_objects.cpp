@@ -21,7 +21,8 @@ std::string build_id_of(const dl_phdr_info& info) {
       const auto* note = reinterpret_cast<const ElfW(Nhdr)*>(at);
       auto name = at + sizeof(ElfW(Nhdr));
       auto desc = name + ((note->n_namesz + 3) & ~3u);
-      if (note->n_type == NT_GNU_BUILD_ID && note->n_namesz == 4 && std::memcmp(reinterpret_cast<const char*>(name), "GNU", 4) == 0)
+      if (note->n_type == NT_GNU_BUILD_ID && note->n_namesz == 4 &&
+          std::memcmp(reinterpret_cast<const char*>(name), "GNU", 4) == 0)
         return std::string(reinterpret_cast<const char*>(desc), note->n_descsz);
       at = desc + ((note->n_descsz + 3) & ~3u);
     }
@@ -101,7 +102,8 @@ void ObjectTranslation::load(const LoadedObject& parents) {
     entry.error = why ? why : "dlopen failed";
   }
   if (!entry.error.empty())
-    entry.error = "forkpool: the worker cannot load " + (main_program ? std::string("the main program") : parents.path) + ": " + entry.error;
+    entry.error = "forkpool: the worker cannot load " +
+                  (main_program ? std::string("the main program") : parents.path) + ": " + entry.error;
   entries_.push_back(std::move(entry));
 }
 

@@ -83,7 +83,8 @@ void Loop::post(std::function<void()> fn) {
   }
   // One write per batch: the loop takes the whole queue at once, after which the next post writes.
   std::uint64_t one = 1;
-  if (first) [[maybe_unused]] ssize_t ignored = ::write(door_->fd.get(), &one, sizeof one);
+  if (first) [[maybe_unused]]
+    ssize_t ignored = ::write(door_->fd.get(), &one, sizeof one);
 }
 
 void detail::LoopInternals::open_door(Loop& loop) {
@@ -118,8 +119,7 @@ void detail::LoopInternals::open_door(Loop& loop) {
 Loop::~Loop() {
   try {
     LoopInternals::finish(*this);
-  } catch (...) {
-  }
+  } catch (...) {}
 }
 
 const char* Loop::backend_name() const { return backend_->name(); }
@@ -165,7 +165,9 @@ void detail::LoopInternals::start(Loop& loop, Operation* op) {
 
 void detail::LoopInternals::add_spinner(Loop& loop, Spinner* spinner) { loop.spinners_.push_back(spinner); }
 
-void detail::LoopInternals::remove_spinner(Loop& loop, Spinner* spinner) noexcept { std::erase(loop.spinners_, spinner); }
+void detail::LoopInternals::remove_spinner(Loop& loop, Spinner* spinner) noexcept {
+  std::erase(loop.spinners_, spinner);
+}
 
 namespace {
 
@@ -242,7 +244,8 @@ int Loop::fd() const {
       epoll_event ev{};
       ev.events = EPOLLIN;
       ev.data.fd = watched;
-      if (epoll_ctl(set.get(), EPOLL_CTL_ADD, watched, &ev) < 0) detail::throw_last_errno("forkpool: Loop::fd epoll_ctl");
+      if (epoll_ctl(set.get(), EPOLL_CTL_ADD, watched, &ev) < 0)
+        detail::throw_last_errno("forkpool: Loop::fd epoll_ctl");
     }
     int wake_fd = wake.get();
     backend_->on_soft_completion = [this, wake_fd] {
@@ -268,7 +271,9 @@ std::size_t Loop::run_ready() {
 }
 
 Task<void> sleep_until(detail::Clock::time_point when) { co_await detail::wait_until(when); }
-Task<void> sleep_for(std::chrono::nanoseconds duration) { co_await detail::wait_until(detail::deadline_after(duration)); }
+Task<void> sleep_for(std::chrono::nanoseconds duration) {
+  co_await detail::wait_until(detail::deadline_after(duration));
+}
 
 }  // namespace forkpool
 

@@ -64,7 +64,7 @@ class Loop {
   mutable UniqueFd wake_fd_;  // eventfd: soft completions while a host loop waits
   bool driving_ = false;
   bool in_turn_ = false;
-  Scope finishing_;  // work run() and ~Loop wait for (a destroyed pool's workers being reaped)
+  Scope finishing_;                         // work run() and ~Loop wait for (a destroyed pool's workers being reaped)
   std::vector<detail::Spinner*> spinners_;  // polled before a blocking turn sleeps
 };
 

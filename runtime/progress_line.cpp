@@ -18,8 +18,10 @@ constexpr std::chrono::seconds kUnknownTotalEvery{5};
 }  // namespace
 
 ProgressLine::ProgressLine(std::string label)
-    : label_(label.empty() ? "progress" : std::move(label)), terminal_(isatty(STDERR_FILENO) == 1),
-      started_(std::chrono::steady_clock::now()), last_line_(started_) {}
+    : label_(label.empty() ? "progress" : std::move(label)),
+      terminal_(isatty(STDERR_FILENO) == 1),
+      started_(std::chrono::steady_clock::now()),
+      last_line_(started_) {}
 
 std::chrono::milliseconds ProgressLine::interval() const noexcept {
   return terminal_ ? std::chrono::milliseconds(100) : std::chrono::milliseconds(250);

@@ -14,8 +14,10 @@ void AdaptiveSpin::record(std::chrono::nanoseconds gap) noexcept {
   if (cooldown_ > 0) --cooldown_;
   // A gap within the bound raises the budget to cover twice it (never lowers it: one quick answer
   // says little about the next); a longer one halves it.
-  if (gap <= bound_) budget_ = std::max(budget_, std::min(bound_, 2 * gap + std::chrono::microseconds(1)));
-  else budget_ /= 2;
+  if (gap <= bound_)
+    budget_ = std::max(budget_, std::min(bound_, 2 * gap + std::chrono::microseconds(1)));
+  else
+    budget_ /= 2;
   if (budget_ < std::chrono::microseconds(1)) budget_ = {};
 }
 

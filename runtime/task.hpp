@@ -87,10 +87,8 @@ class Promise : public PromiseBase {
  public:
   Task<T> get_return_object() noexcept;
   template <class U = T>
-    requires std::is_convertible_v<U&&, T>
-  void return_value(U&& value) {
-    value_.emplace(std::forward<U>(value));
-  }
+  requires std::is_convertible_v<U&&, T>
+  void return_value(U&& value) { value_.emplace(std::forward<U>(value)); }
   T take() {
     rethrow_if_failed();
     return std::move(*value_);

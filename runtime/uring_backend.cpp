@@ -37,9 +37,8 @@ void release_ring(io_uring& ring) {
 #endif
 }
 
-constexpr std::array kRequiredOps = {IORING_OP_NOP,     IORING_OP_READ,     IORING_OP_WRITE,
-                                     IORING_OP_SENDMSG, IORING_OP_RECVMSG,  IORING_OP_POLL_ADD,
-                                     IORING_OP_TIMEOUT, IORING_OP_ASYNC_CANCEL};
+constexpr std::array kRequiredOps = {IORING_OP_NOP,     IORING_OP_READ,     IORING_OP_WRITE,   IORING_OP_SENDMSG,
+                                     IORING_OP_RECVMSG, IORING_OP_POLL_ADD, IORING_OP_TIMEOUT, IORING_OP_ASYNC_CANCEL};
 
 // io_uring_queue_init_params with the newest flags this kernel accepts.
 int setup_ring(io_uring& ring, unsigned entries, io_uring_params& params) {
@@ -154,12 +153,8 @@ class UringBackend final : public Backend {
 
   static void prepare(io_uring_sqe* sqe, Operation* op) {
     switch (op->kind) {
-      case OpKind::read:
-        io_uring_prep_read(sqe, op->fd, op->buffer, static_cast<unsigned>(op->length), -1);
-        break;
-      case OpKind::write:
-        io_uring_prep_write(sqe, op->fd, op->buffer, static_cast<unsigned>(op->length), -1);
-        break;
+      case OpKind::read: io_uring_prep_read(sqe, op->fd, op->buffer, static_cast<unsigned>(op->length), -1); break;
+      case OpKind::write: io_uring_prep_write(sqe, op->fd, op->buffer, static_cast<unsigned>(op->length), -1); break;
       case OpKind::sendmsg: io_uring_prep_sendmsg(sqe, op->fd, op->message, op->flags); break;
       case OpKind::recvmsg: io_uring_prep_recvmsg(sqe, op->fd, op->message, op->flags); break;
       case OpKind::poll: io_uring_prep_poll_add(sqe, op->fd, op->flags); break;

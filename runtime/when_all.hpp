@@ -17,7 +17,6 @@
 namespace forkpool {
 namespace detail {
 
-
 // For each child, the rest are its company: their work is over once one of them failed or all
 // but the asking child have ended.
 struct WhenAllState final : Company {
@@ -104,7 +103,8 @@ Task<std::tuple<detail::NonVoid<Ts>...>> when_all(Task<Ts>... tasks) {
   children.reserve(sizeof...(Ts));
   [&]<std::size_t... I>(std::index_sequence<I...>) {
     (children.push_back(detail::run_child(std::move(tasks), std::get<I>(slots), state)), ...);
-  }(std::index_sequence_for<Ts...>{});
+  }
+  (std::index_sequence_for<Ts...>{});
   co_await detail::WhenAllAwaiter{children, state};
   if (state.first_error) std::rethrow_exception(state.first_error);
   co_return std::apply([](auto&... slot) { return std::tuple<detail::NonVoid<Ts>...>(std::move(*slot)...); }, slots);
@@ -116,7 +116,8 @@ Task<std::vector<detail::NonVoid<T>>> when_all(std::vector<Task<T>> tasks) {
   std::vector<std::optional<detail::NonVoid<T>>> slots(tasks.size());
   std::vector<detail::WhenAllChild> children;
   children.reserve(tasks.size());
-  for (std::size_t i = 0; i < tasks.size(); ++i) children.push_back(detail::run_child(std::move(tasks[i]), slots[i], state));
+  for (std::size_t i = 0; i < tasks.size(); ++i)
+    children.push_back(detail::run_child(std::move(tasks[i]), slots[i], state));
   co_await detail::WhenAllAwaiter{children, state};
   if (state.first_error) std::rethrow_exception(state.first_error);
   std::vector<detail::NonVoid<T>> values;

@@ -34,7 +34,8 @@ std::size_t OutgoingBlocks::table_bytes() const noexcept {
 
 TabledPayload split_block_table(std::span<const std::byte> payload) {
   std::uint32_t count = 0;
-  if (payload.size() < sizeof count) broken("a message of " + std::to_string(payload.size()) + " bytes has no table of blocks");
+  if (payload.size() < sizeof count)
+    broken("a message of " + std::to_string(payload.size()) + " bytes has no table of blocks");
   std::memcpy(&count, payload.data() + payload.size() - sizeof count, sizeof count);
   std::size_t table = std::size_t{count} * sizeof(BlockEntry);
   if (table > payload.size() - sizeof count)
@@ -52,9 +53,11 @@ void append_release(Writer& w, std::span<const std::byte> release) {
 
 std::pair<std::span<const std::byte>, std::span<const std::byte>> split_release(std::span<const std::byte> payload) {
   std::uint32_t length = 0;
-  if (payload.size() < sizeof length) broken("a message of " + std::to_string(payload.size()) + " bytes has no release");
+  if (payload.size() < sizeof length)
+    broken("a message of " + std::to_string(payload.size()) + " bytes has no release");
   std::memcpy(&length, payload.data() + payload.size() - sizeof length, sizeof length);
-  if (length > payload.size() - sizeof length) broken("a message claims a release of " + std::to_string(length) + " bytes");
+  if (length > payload.size() - sizeof length)
+    broken("a message claims a release of " + std::to_string(length) + " bytes");
   std::size_t rest = payload.size() - sizeof length - length;
   return {payload.subspan(rest, length), payload.first(rest)};
 }

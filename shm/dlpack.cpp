@@ -26,9 +26,9 @@ struct DTypeCode {
   std::uint8_t bits;
 };
 constexpr DTypeCode kDTypeCodes[] = {
-    {DType::u8, kDLUInt, 8},     {DType::i8, kDLInt, 8},       {DType::i16, kDLInt, 16},
-    {DType::i32, kDLInt, 32},    {DType::i64, kDLInt, 64},     {DType::f16, kDLFloat, 16},
-    {DType::bf16, kDLBfloat, 16}, {DType::f32, kDLFloat, 32},  {DType::f64, kDLFloat, 64},
+    {DType::u8, kDLUInt, 8},        {DType::i8, kDLInt, 8},     {DType::i16, kDLInt, 16},
+    {DType::i32, kDLInt, 32},       {DType::i64, kDLInt, 64},   {DType::f16, kDLFloat, 16},
+    {DType::bf16, kDLBfloat, 16},   {DType::f32, kDLFloat, 32}, {DType::f64, kDLFloat, 64},
     {DType::boolean, kBoolCode, 8},
 };
 
@@ -78,7 +78,8 @@ Tensor from_dlpack(DLManagedTensor* managed) {
     if (m->deleter) m->deleter(m);
   });
   const DLTensor& dl = managed->dl_tensor;
-  if (dl.device.device_type != kDLCPU) throw std::invalid_argument("forkpool: from_dlpack: only CPU memory can be shared");
+  if (dl.device.device_type != kDLCPU)
+    throw std::invalid_argument("forkpool: from_dlpack: only CPU memory can be shared");
   if (dl.ndim < 0) throw std::invalid_argument("forkpool: from_dlpack: negative ndim");
   DType dtype = from_dl(dl.dtype);
   std::vector<std::int64_t> shape(dl.shape, dl.shape + dl.ndim);

@@ -32,17 +32,28 @@ const char* dtype_name(DType dtype) noexcept;
 template <class T>
 constexpr DType dtype_of() {
   using U = std::remove_cv_t<T>;
-  if constexpr (std::is_same_v<U, std::uint8_t>) return DType::u8;
-  else if constexpr (std::is_same_v<U, std::int8_t>) return DType::i8;
-  else if constexpr (std::is_same_v<U, std::int16_t>) return DType::i16;
-  else if constexpr (std::is_same_v<U, std::int32_t>) return DType::i32;
-  else if constexpr (std::is_same_v<U, std::int64_t>) return DType::i64;
-  else if constexpr (std::is_same_v<U, float16>) return DType::f16;
-  else if constexpr (std::is_same_v<U, bfloat16>) return DType::bf16;
-  else if constexpr (std::is_same_v<U, float>) return DType::f32;
-  else if constexpr (std::is_same_v<U, double>) return DType::f64;
-  else if constexpr (std::is_same_v<U, bool>) return DType::boolean;
-  else static_assert(sizeof(U) == 0, "forkpool: no DType for this element type");
+  if constexpr (std::is_same_v<U, std::uint8_t>)
+    return DType::u8;
+  else if constexpr (std::is_same_v<U, std::int8_t>)
+    return DType::i8;
+  else if constexpr (std::is_same_v<U, std::int16_t>)
+    return DType::i16;
+  else if constexpr (std::is_same_v<U, std::int32_t>)
+    return DType::i32;
+  else if constexpr (std::is_same_v<U, std::int64_t>)
+    return DType::i64;
+  else if constexpr (std::is_same_v<U, float16>)
+    return DType::f16;
+  else if constexpr (std::is_same_v<U, bfloat16>)
+    return DType::bf16;
+  else if constexpr (std::is_same_v<U, float>)
+    return DType::f32;
+  else if constexpr (std::is_same_v<U, double>)
+    return DType::f64;
+  else if constexpr (std::is_same_v<U, bool>)
+    return DType::boolean;
+  else
+    static_assert(sizeof(U) == 0, "forkpool: no DType for this element type");
 }
 
 }  // namespace forkpool

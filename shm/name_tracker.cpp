@@ -202,8 +202,7 @@ class Tracker {
   void send(char op, const std::string& name) {
     // One datagram each: never mixed with another process's, and the kernel says who sent it.
     std::string message = op + name;
-    while (::send(socket_, message.data(), message.size(), MSG_NOSIGNAL) < 0 && errno == EINTR) {
-    }
+    while (::send(socket_, message.data(), message.size(), MSG_NOSIGNAL) < 0 && errno == EINTR) {}
   }
 
  private:

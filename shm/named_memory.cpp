@@ -28,9 +28,11 @@ namespace {
 
 std::string fresh_name() {
   std::uint64_t bits = 0;
-  if (getrandom(&bits, sizeof bits, 0) != static_cast<ssize_t>(sizeof bits)) bits = static_cast<std::uint64_t>(getpid());
+  if (getrandom(&bits, sizeof bits, 0) != static_cast<ssize_t>(sizeof bits))
+    bits = static_cast<std::uint64_t>(getpid());
   char name[64];
-  std::snprintf(name, sizeof name, "forkpool-shm-%d-%016llx", static_cast<int>(getpid()), static_cast<unsigned long long>(bits));
+  std::snprintf(name, sizeof name, "forkpool-shm-%d-%016llx", static_cast<int>(getpid()),
+                static_cast<unsigned long long>(bits));
   return name;
 }
 
@@ -85,7 +87,9 @@ SharedMemory SharedMemory::attach(std::string name) {
   return map(std::move(name), fd, true);
 }
 
-std::span<std::byte> SharedMemory::bytes() const noexcept { return {block_->mapping.data(), block_->mapping.data() ? block_->size : 0}; }
+std::span<std::byte> SharedMemory::bytes() const noexcept {
+  return {block_->mapping.data(), block_->mapping.data() ? block_->size : 0};
+}
 const std::string& SharedMemory::name() const noexcept { return block_->name; }
 
 void SharedMemory::unlink() {

@@ -105,7 +105,8 @@ IncomingBlocks PeerMemory::accept_blocks(std::span<const BlockEntry> table) {
     {
       std::lock_guard lock(mutex_);
       auto it = from_peer_.find(entry.slab);
-      if (it == from_peer_.end()) broken("a message names slab " + std::to_string(entry.slab) + ", which was never introduced");
+      if (it == from_peer_.end())
+        broken("a message names slab " + std::to_string(entry.slab) + ", which was never introduced");
       ours = !it->second.theirs;
       slab = ours ? it->second.ours.lock() : it->second.theirs;
     }

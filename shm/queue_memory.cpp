@@ -134,7 +134,8 @@ IncomingBlocks QueueMemory::borrow(std::span<const std::byte>& payload, std::vec
     if (slab->owned()) {
       lent_.came_home(slab->id(), entry.offset, 1, dropped);  // our own block, back through the queue
     } else {
-      if (borrowed_.borrow(storage->id(), owner, entry.slab, entry.offset)) storage->notify_on_release(shared_from_this());
+      if (borrowed_.borrow(storage->id(), owner, entry.slab, entry.offset))
+        storage->notify_on_release(shared_from_this());
       keep_mapped(slab);
     }
     storages.push_back(std::move(storage));

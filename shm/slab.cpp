@@ -25,7 +25,6 @@
 namespace forkpool::detail {
 namespace {
 
-
 // The slabs this process maps, by inode: a slab received again is the same Slab. Under slab_lock().
 InodeCache<Slab>& slabs_by_inode() {
   static auto* slabs = new InodeCache<Slab>();
@@ -43,7 +42,6 @@ void page_in(const Mapping& mapping) {
 
 }  // namespace
 
-
 std::mutex& slab_lock() {
   static auto* lock = [] {
     auto* mutex = new std::mutex();
@@ -57,7 +55,6 @@ MappedCounters& mapped_counters() {
   static auto* counters = new MappedCounters();
   return *counters;
 }
-
 
 Slab::Slab() {
   static std::atomic<std::uint64_t> next_id{0};

@@ -158,8 +158,8 @@ std::vector<std::shared_ptr<detail::Slab>> SlabAllocator::trim() {
 SharedMemoryStats SlabAllocator::stats() {
   std::lock_guard lock(slab_lock());
   const MappedCounters& mapped = mapped_counters();
-  return {static_cast<std::size_t>(mapped.slabs.load()), static_cast<std::size_t>(mapped.bytes.load()),
-          in_use_bytes_, cached_bytes_, static_cast<std::size_t>(mapped.descriptors.load())};
+  return {static_cast<std::size_t>(mapped.slabs.load()), static_cast<std::size_t>(mapped.bytes.load()), in_use_bytes_,
+          cached_bytes_, static_cast<std::size_t>(mapped.descriptors.load())};
 }
 
 void SlabAllocator::set_cache_limit(std::size_t bytes) {

@@ -6,7 +6,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-
 #include <atomic>
 #include <cstring>
 #include <mutex>
@@ -32,7 +31,6 @@ struct SegmentHeader {
 };
 static_assert(sizeof(SegmentHeader) == 64);
 constexpr std::size_t kSegmentDataOffset = sizeof(SegmentHeader);
-
 
 // The storages this process maps, by inode: receiving one again reuses the mapping. Tensors
 // may be released on any thread; the lock is held across fork() so a child never inherits it
@@ -78,8 +76,10 @@ void Storage::allocate_named(Storage& storage, std::size_t bytes) {
   for (int attempt = 0; !storage.fd_; ++attempt) {
     storage.name_ = random_segment_name();
     int fd = open(segment_path(storage.name_).c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd >= 0) storage.fd_.reset(fd);
-    else if (errno != EEXIST || attempt > 8) throw_last_errno("forkpool: creating a /dev/shm segment");
+    if (fd >= 0)
+      storage.fd_.reset(fd);
+    else if (errno != EEXIST || attempt > 8)
+      throw_last_errno("forkpool: creating a /dev/shm segment");
   }
   try {
     track_segment_name(storage.name_);
@@ -103,7 +103,8 @@ void Storage::allocate_named(Storage& storage, std::size_t bytes) {
 
 bool Storage::segment_intact() const noexcept {
   struct stat st {};
-  return mapping_.data() != nullptr && fstat(fd_.get(), &st) == 0 && static_cast<std::size_t>(st.st_size) >= mapping_.size();
+  return mapping_.data() != nullptr && fstat(fd_.get(), &st) == 0 &&
+         static_cast<std::size_t>(st.st_size) >= mapping_.size();
 }
 
 std::shared_ptr<Storage> Storage::allocate(std::size_t bytes) {
@@ -156,8 +157,7 @@ std::shared_ptr<Storage> Storage::adopt_memfd(UniqueFd fd, std::size_t min_bytes
 }
 
 std::shared_ptr<Storage> Storage::adopt_named(const std::string& name, std::size_t min_bytes) {
-  if (!is_segment_name(name))
-    throw ProtocolError("forkpool: \"" + name + "\" is not a forkpool segment name");
+  if (!is_segment_name(name)) throw ProtocolError("forkpool: \"" + name + "\" is not a forkpool segment name");
   UniqueFd fd(open(segment_path(name).c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW));
   if (!fd) throw ProtocolError("forkpool: cannot open segment " + name + ": " + strerror(errno));
   struct stat st = stat_of(fd.get(), "forkpool: segment");
@@ -216,7 +216,8 @@ void Storage::notify_on_release(const std::shared_ptr<ReleaseListener>& listener
 
 void Storage::add_message_reference() {
   if (kind_ != Kind::named) return;
-  if (!segment_intact()) throw Error("forkpool: segment " + name_ + " was shrunk by another process: it cannot be sent");
+  if (!segment_intact())
+    throw Error("forkpool: segment " + name_ + " was shrunk by another process: it cannot be sent");
   holders()->fetch_add(1);
 }
 

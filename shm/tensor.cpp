@@ -15,7 +15,8 @@ std::optional<std::size_t> view_extent(std::span<const std::int64_t> shape, std:
     if (shape[i] < 0 || strides[i] < 0) return std::nullopt;
     if (shape[i] == 0) return 0;
     std::uint64_t step;
-    if (__builtin_mul_overflow(static_cast<std::uint64_t>(shape[i] - 1), static_cast<std::uint64_t>(strides[i]), &step) ||
+    if (__builtin_mul_overflow(static_cast<std::uint64_t>(shape[i] - 1), static_cast<std::uint64_t>(strides[i]),
+                               &step) ||
         __builtin_add_overflow(last, step, &last))
       return std::nullopt;
   }
@@ -54,8 +55,7 @@ Tensor Tensor::zeros(std::vector<std::int64_t> shape, DType dtype) {
 Tensor Tensor::from_storage(std::shared_ptr<detail::Storage> storage, std::int64_t byte_offset,
                             std::vector<std::int64_t> shape, std::vector<std::int64_t> strides, DType dtype) {
   auto extent = detail::view_extent(shape, strides, element_size(dtype));
-  if (!extent || byte_offset < 0 || !storage ||
-      static_cast<std::uint64_t>(byte_offset) + *extent > storage->size())
+  if (!extent || byte_offset < 0 || !storage || static_cast<std::uint64_t>(byte_offset) + *extent > storage->size())
     throw std::invalid_argument("forkpool: the tensor's view does not fit in its storage");
   Tensor t;
   t.storage_ = std::move(storage);

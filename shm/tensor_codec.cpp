@@ -66,8 +66,10 @@ Tensor codec<Tensor>::decode(Reader& r) {
   if (kind == StorageKind::none) return Tensor();
   std::uint32_t index = 0;  // of the descriptor (memfd) or of the block (block)
   std::string name;
-  if (kind == StorageKind::named) name = r.read<std::string>();
-  else index = r.read<std::uint32_t>();
+  if (kind == StorageKind::named)
+    name = r.read<std::string>();
+  else
+    index = r.read<std::uint32_t>();
   auto storage_size = r.read<std::uint64_t>();
   auto offset = r.read<std::int64_t>();
   auto dtype = r.read<DType>();

@@ -102,7 +102,8 @@ std::pair<Connection<T>, Connection<T>> Pipe(bool duplex = true) {
 
 // The descriptors of `fds` (Connection::fd(), Process::sentinel(), any other) that are
 // readable, waiting up to `timeout` for one: multiprocessing.connection.wait.
-std::vector<int> wait_ready(std::span<const int> fds, std::chrono::nanoseconds timeout = std::chrono::nanoseconds::max());
+std::vector<int> wait_ready(std::span<const int> fds,
+                            std::chrono::nanoseconds timeout = std::chrono::nanoseconds::max());
 
 template <class T>
 struct codec<Connection<T>> {

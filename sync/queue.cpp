@@ -35,7 +35,8 @@ void check_socket(int fd) {
 
 void check_pipe(int fd) {
   struct stat st {};
-  if (fstat(fd, &st) != 0 || !S_ISFIFO(st.st_mode)) throw ProtocolError("forkpool: a Queue's token descriptor is not a pipe");
+  if (fstat(fd, &st) != 0 || !S_ISFIFO(st.st_mode))
+    throw ProtocolError("forkpool: a Queue's token descriptor is not a pipe");
 }
 
 // An id for each item put, distinct in practice across processes (a forked child counts on from
@@ -43,7 +44,8 @@ void check_pipe(int fd) {
 // it with the item now first in line.
 std::uint64_t next_item_id() {
   static std::atomic<std::uint64_t> count{1};
-  return (static_cast<std::uint64_t>(getpid()) << 40) | (count.fetch_add(1, std::memory_order_relaxed) & ((std::uint64_t{1} << 40) - 1));
+  return (static_cast<std::uint64_t>(getpid()) << 40) |
+         (count.fetch_add(1, std::memory_order_relaxed) & ((std::uint64_t{1} << 40) - 1));
 }
 
 }  // namespace
@@ -105,8 +107,12 @@ QueueCore::QueueCore(std::size_t maxsize, bool joinable)
 
 QueueCore::QueueCore(std::size_t maxsize, UniqueFd put_end, UniqueFd get_end, UniqueFd page, UniqueFd tokens_out,
                      UniqueFd tokens_in)
-    : maxsize_(maxsize), put_end_(std::move(put_end)), get_end_(std::move(get_end)),
-      page_(SharedPage::adopt(std::move(page))), tokens_out_(std::move(tokens_out)), tokens_in_(std::move(tokens_in)) {
+    : maxsize_(maxsize),
+      put_end_(std::move(put_end)),
+      get_end_(std::move(get_end)),
+      page_(SharedPage::adopt(std::move(page))),
+      tokens_out_(std::move(tokens_out)),
+      tokens_in_(std::move(tokens_in)) {
   check_socket(put_end_.fd());
   check_socket(get_end_.fd());
   if (maxsize_ > 0) {
@@ -136,8 +142,7 @@ bool QueueCore::try_take_token() {
 void QueueCore::give_token() {
   if (maxsize_ == 0) return;
   char token = 't';
-  while (write(tokens_in_.get(), &token, 1) < 0 && errno == EINTR) {
-  }
+  while (write(tokens_in_.get(), &token, 1) < 0 && errno == EINTR) {}
 }
 
 bool QueueCore::put(const Writer& item, Deadline deadline) {
@@ -169,8 +174,10 @@ Task<void> QueueCore::async_put(Writer item) {
   while (!try_take_token()) {
     IoOptions options{.deadline = Clock::now() + kEndedHolderCheck};
     int rc = co_await wait_readable(tokens_out_.get(), options);
-    if (rc == -ETIMEDOUT) recover_abandoned_take();
-    else if (rc < 0) throw std::system_error(-rc, std::generic_category(), "forkpool: Queue::async_put");
+    if (rc == -ETIMEDOUT)
+      recover_abandoned_take();
+    else if (rc < 0)
+      throw std::system_error(-rc, std::generic_category(), "forkpool: Queue::async_put");
   }
   item_coming();
   try {
@@ -200,7 +207,8 @@ std::size_t QueueCore::qsize() const {
 void QueueCore::task_done() {
   QueueState& state = state_of(*page_);
   TakeTurn turn(*this, /*wait=*/true);
-  if (state.unfinished.load() == 0) throw std::logic_error("forkpool: JoinableQueue::task_done() called more times than items were put");
+  if (state.unfinished.load() == 0)
+    throw std::logic_error("forkpool: JoinableQueue::task_done() called more times than items were put");
   state.unfinished_by.add(getpid(), -1);
   if (state.unfinished.fetch_sub(1) == 1) futex_wake_all(&state.unfinished);
 }
@@ -282,7 +290,8 @@ void QueueCore::settle_abandoned_take() {
   QueueState& state = state_of(*page_);
   auto stage = static_cast<Stage>(state.stage.load());
   // Taking: whether the item left depends on whether it is still first in line.
-  bool item_left = stage == Stage::taken || (stage == Stage::taking && get_end_.peek_request_id() != state.item_id.load());
+  bool item_left =
+      stage == Stage::taken || (stage == Stage::taking && get_end_.peek_request_id() != state.item_id.load());
   if (item_left) give_token();
   state.stage.store(static_cast<std::uint32_t>(Stage::idle));
 }

@@ -133,7 +133,9 @@ class Queue {
     return core_->put(encode_item(item), detail::deadline_unless_forever(timeout));
   }
   T get() { return *take_if(core_->get(std::nullopt)); }
-  std::optional<T> get(std::chrono::nanoseconds timeout) { return take_if(core_->get(detail::deadline_unless_forever(timeout))); }
+  std::optional<T> get(std::chrono::nanoseconds timeout) {
+    return take_if(core_->get(detail::deadline_unless_forever(timeout)));
+  }
   std::optional<T> get_nowait() { return take_if(core_->get(std::chrono::steady_clock::now())); }
 
   // On the calling thread's loop; they resume inside the loop's turn that completed them.
@@ -182,7 +184,9 @@ class JoinableQueue : public Queue<T> {
   void task_done() { this->core_->task_done(); }
   void join() { this->core_->join_tasks(std::nullopt); }
   // False when items were still unfinished after `timeout`.
-  bool join(std::chrono::nanoseconds timeout) { return this->core_->join_tasks(detail::deadline_unless_forever(timeout)); }
+  bool join(std::chrono::nanoseconds timeout) {
+    return this->core_->join_tasks(detail::deadline_unless_forever(timeout));
+  }
 
  private:
   friend struct codec<JoinableQueue<T>>;

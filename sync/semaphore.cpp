@@ -19,10 +19,10 @@ namespace {
 using namespace std::chrono_literals;
 
 struct SemaphoreState {
-  pthread_mutex_t mutex;              // guards what follows; value is also the futex word
-  std::atomic<std::int32_t> value;    // units free
+  pthread_mutex_t mutex;            // guards what follows; value is also the futex word
+  std::atomic<std::int32_t> value;  // units free
   std::int32_t initial;
-  std::int32_t bound;                 // the most value may be: BoundedSemaphore's start value
+  std::int32_t bound;  // the most value may be: BoundedSemaphore's start value
   detail::HolderTable holders;
 };
 static_assert(sizeof(SemaphoreState) <= detail::SharedPage::kSize);
@@ -63,7 +63,8 @@ bool acquire_until(SemaphoreState& state, detail::Deadline deadline) {
       give_back_ended(state);
       return take_unit(state);
     }
-    auto slice = deadline ? std::min<std::chrono::nanoseconds>(detail::kEndedHolderCheck, *deadline - now) : detail::kEndedHolderCheck;
+    auto slice = deadline ? std::min<std::chrono::nanoseconds>(detail::kEndedHolderCheck, *deadline - now)
+                          : detail::kEndedHolderCheck;
     detail::futex_wait_for(&state.value, 0, slice);
     if (state.value.load() <= 0) give_back_ended(state);
   }

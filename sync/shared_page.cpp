@@ -32,7 +32,9 @@ void futex_wait(const void* word, std::uint32_t expected, const timespec* timeou
 
 void futex_wake_all(const void* word) noexcept { futex_wake(word, INT_MAX); }
 
-void futex_wake(const void* word, int count) noexcept { syscall(SYS_futex, word, FUTEX_WAKE, count, nullptr, nullptr, 0); }
+void futex_wake(const void* word, int count) noexcept {
+  syscall(SYS_futex, word, FUTEX_WAKE, count, nullptr, nullptr, 0);
+}
 
 void futex_wait_for(const void* word, std::uint32_t expected, std::chrono::nanoseconds timeout) noexcept {
   auto seconds = std::chrono::duration_cast<std::chrono::seconds>(timeout);

@@ -23,7 +23,8 @@ SharedBytes::SharedBytes(std::size_t size) : lock_() {
   memory_ = std::unique_ptr<Memory>(new Memory{std::move(fd), std::move(mapping), size});
 }
 
-SharedBytes::SharedBytes(std::unique_ptr<Memory> memory, RLock lock) : memory_(std::move(memory)), lock_(std::move(lock)) {}
+SharedBytes::SharedBytes(std::unique_ptr<Memory> memory, RLock lock)
+    : memory_(std::move(memory)), lock_(std::move(lock)) {}
 SharedBytes::~SharedBytes() = default;
 
 std::byte* SharedBytes::data() const noexcept { return memory_->mapping.data(); }

@@ -30,8 +30,8 @@ namespace forkpool {
 namespace detail {
 
 template <class T>
-inline constexpr bool is_shareable_value_v = std::is_trivially_copyable_v<T> && !std::is_pointer_v<T> &&
-                                             !std::is_member_pointer_v<T>;
+inline constexpr bool is_shareable_value_v =
+    std::is_trivially_copyable_v<T> && !std::is_pointer_v<T> && !std::is_member_pointer_v<T>;
 
 // `size` bytes of zeroed shared memory (a sealed memfd) and an RLock, what Value and Array are.
 class SharedBytes {

@@ -93,7 +93,8 @@ Lock::Lock(Recursive) : page_(detail::SharedPage::create("forkpool-rlock")) {
 }
 
 bool Lock::took(int result) {
-  bool taken = detail::robust_lock_taken(page_->as<LockState>()->mutex, result, previous_owner_died_, "forkpool: Lock::lock");
+  bool taken =
+      detail::robust_lock_taken(page_->as<LockState>()->mutex, result, previous_owner_died_, "forkpool: Lock::lock");
   if (taken) page_->mutex_taken();
   return taken;
 }
@@ -128,7 +129,6 @@ void Lock::unlock() {
 
 void codec<Lock>::encode(Writer& w, const Lock& lock) { w.write(w.attach_fd(lock.page_->fd(), lock.page_)); }
 Lock codec<Lock>::decode(Reader& r) { return Lock(detail::SharedPage::adopt(r.take_fd(r.read<std::uint32_t>()))); }
-
 
 using detail::RobustGuard;
 
@@ -198,9 +198,9 @@ struct BarrierState {
   std::atomic<std::uint32_t> generation;  // the futex word
   std::int32_t parties;
   std::int32_t arrived;
-  std::int32_t broken;               // until reset()
-  std::uint32_t broken_round;        // the generation that broke, plus one (0: none yet)
-  detail::HolderTable waiting;       // who arrived this round
+  std::int32_t broken;          // until reset()
+  std::uint32_t broken_round;   // the generation that broke, plus one (0: none yet)
+  detail::HolderTable waiting;  // who arrived this round
 };
 static_assert(sizeof(BarrierState) <= detail::SharedPage::kSize);
 static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
@@ -215,7 +215,9 @@ void break_round(BarrierState& state) {
   detail::futex_wake_all(&state.generation);
 }
 
-[[noreturn]] void throw_broken(const char* why) { throw BrokenBarrierError(std::string("forkpool: Barrier broken: ") + why); }
+[[noreturn]] void throw_broken(const char* why) {
+  throw BrokenBarrierError(std::string("forkpool: Barrier broken: ") + why);
+}
 }  // namespace
 
 Barrier::Barrier(int parties) {
@@ -277,7 +279,8 @@ int Barrier::wait(std::chrono::nanoseconds timeout) {
   if (arrival.last) return arrival.index;
   for (;;) {
     auto left = std::max<std::chrono::nanoseconds>(deadline - std::chrono::steady_clock::now(), 0ns);
-    detail::futex_wait_for(&state.generation, arrival.generation, std::min<std::chrono::nanoseconds>(left, detail::kEndedHolderCheck));
+    detail::futex_wait_for(&state.generation, arrival.generation,
+                           std::min<std::chrono::nanoseconds>(left, detail::kEndedHolderCheck));
     bool slice_ended = state.generation.load() == arrival.generation;  // nobody woke us: look for the dead
     if (std::optional<int> index = round_over(arrival, deadline, slice_ended)) return *index;
   }

@@ -174,7 +174,8 @@ class Barrier {
     bool last;
   };
   Arrival arrive();
-  std::optional<int> round_over(const Arrival& arrival, std::chrono::steady_clock::time_point deadline, bool look_for_ended);
+  std::optional<int> round_over(const Arrival& arrival, std::chrono::steady_clock::time_point deadline,
+                                bool look_for_ended);
   std::shared_ptr<detail::SharedPage> page_;
 };
 

@@ -61,7 +61,7 @@ TEST(Channel, APeersLastMessagesAreReadThoughItClosedWithOursUnread) {
     auto [ours, theirs] = detail::Channel::make_pair();
     std::vector<std::byte> last_word(8, std::byte{7});
     theirs.send(3, 0, last_word);
-    ours.send(1, 42, last_word);  // never read
+    ours.send(1, 42, last_word);           // never read
     theirs = detail::Channel(UniqueFd());  // closed with our message in its queue
     detail::Message got;
     if (form == 0) got = ours.receive();
@@ -232,8 +232,7 @@ TEST(Channel, AsyncRoundTripWithAForkedEchoPeer) {
         detail::Message m = child.receive();
         child.send(m.kind, m.request_id, m.payload.bytes(), detail::raw_fds(m.fds));
       }
-    } catch (const detail::ChannelClosed&) {
-    }
+    } catch (const detail::ChannelClosed&) {}
     _exit(0);
   }
   child.release().reset();

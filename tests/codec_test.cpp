@@ -96,10 +96,13 @@ TEST(Codec, RoundTripsStringsAndContainers) {
 }
 
 TEST(Codec, RoundTripsDeeplyNestedValues) {
-  using Deep = std::map<std::string, std::vector<std::optional<std::tuple<int, std::variant<std::string, std::vector<Point>>>>>>;
-  Deep deep{{"k", {std::nullopt, std::tuple<int, std::variant<std::string, std::vector<Point>>>{
-                                     1, std::vector<Point>{{1, 2, 3}, {4, 5, 6}}}}},
-            {"j", {std::tuple<int, std::variant<std::string, std::vector<Point>>>{2, std::string("s")}}}};
+  using Deep =
+      std::map<std::string, std::vector<std::optional<std::tuple<int, std::variant<std::string, std::vector<Point>>>>>>;
+  Deep deep{
+      {"k",
+       {std::nullopt,
+        std::tuple<int, std::variant<std::string, std::vector<Point>>>{1, std::vector<Point>{{1, 2, 3}, {4, 5, 6}}}}},
+      {"j", {std::tuple<int, std::variant<std::string, std::vector<Point>>>{2, std::string("s")}}}};
   expect_round_trip(deep);
 }
 

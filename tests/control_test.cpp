@@ -172,7 +172,9 @@ TEST_F(ControlTest, ATimeoutOfNanosecondsMaxMeansNever) {
   auto r = pool.apply_async(sleep_ms, 100);
   EXPECT_EQ(r.get(std::chrono::nanoseconds::max()), 100);
   EXPECT_EQ(pool.worker_pids().at(0), worker);  // not stopped at once by an overflowed deadline
-  auto body = [&]() -> Task<bool> { co_return co_await pool.apply_async(sleep_ms, 50).async_wait(std::chrono::nanoseconds::max()); };
+  auto body = [&]() -> Task<bool> {
+    co_return co_await pool.apply_async(sleep_ms, 50).async_wait(std::chrono::nanoseconds::max());
+  };
   EXPECT_TRUE(run(body()));
 }
 
@@ -269,8 +271,7 @@ TEST_F(ControlTest, ProgressCountsTheItemsOfAMapAndAStream) {
   auto stream = pool.imap(count_then_sleep_ms, ms);
   EXPECT_EQ(stream.progress().total, std::optional<std::size_t>(40));  // a sized one is known
   auto drain = [](Stream<int>& s) -> Task<void> {
-    while (co_await s.next()) {
-    }
+    while (co_await s.next()) {}
   };
   run(drain(stream));
   EXPECT_EQ(stream.progress().done, 40u);

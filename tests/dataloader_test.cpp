@@ -177,10 +177,12 @@ struct InitMarks {
 };
 
 TEST(DataLoaderTest, WorkerInitRunsInEachWorkerWithItsIdBeforeItsFirstBatch) {
-  DataLoader loader(InitMarks{}, {.batch_size = 1, .num_workers = 2, .worker_init = [](int id) { worker_init_mark = 100 + id; }});
+  DataLoader loader(InitMarks{},
+                    {.batch_size = 1, .num_workers = 2, .worker_init = [](int id) { worker_init_mark = 100 + id; }});
   std::set<int> marks;
   for (std::vector<int>& batch : loader) marks.insert(batch[0]);
-  EXPECT_TRUE(std::includes(std::set<int>{100, 101}.begin(), std::set<int>{100, 101}.end(), marks.begin(), marks.end()));
+  EXPECT_TRUE(
+      std::includes(std::set<int>{100, 101}.begin(), std::set<int>{100, 101}.end(), marks.begin(), marks.end()));
   EXPECT_EQ(worker_init_mark, -1);  // not in this process
 }
 

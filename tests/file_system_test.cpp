@@ -62,9 +62,7 @@ int write_junk_to_inherited_descriptors(int) {
   return written;
 }
 
-int truncate_segment(Tensor t) {
-  return ftruncate(t.storage()->fd(), 0);
-}
+int truncate_segment(Tensor t) { return ftruncate(t.storage()->fd(), 0); }
 
 class FileSystemTest : public ::testing::TestWithParam<StartMethod> {
  protected:
@@ -187,8 +185,7 @@ TEST_P(FileSystemTest, ASegmentAWorkerTruncatesCannotCrashTheParent) {
     try {
       pool.apply_async(sum, t).get();
       _exit(3);  // sent, and summed, a segment that has no bytes
-    } catch (const Error&) {
-    }
+    } catch (const Error&) {}
     t = Tensor();  // released: the parent must not touch the shrunk header
     if (segment_exists(name)) _exit(4);
     if (pool.apply_async(sum, iota_tensor(10)).get() != 45) _exit(5);

@@ -175,7 +175,8 @@ TEST(Loop, ProcessExitIsSeenThroughAPidfd) {
 
 // A host that ignores SIGCHLD: the kernel reaps a child the moment it exits, before we look.
 TEST(Loop, AChildReapedBeforeItIsWatchedIsSeenAsEndedWithAnUnknownStatus) {
-  struct sigaction ignore {}, old {};
+  struct sigaction ignore {
+  }, old{};
   ignore.sa_handler = SIG_IGN;
   ASSERT_EQ(sigaction(SIGCHLD, &ignore, &old), 0);
   pid_t pid = fork();
@@ -185,7 +186,8 @@ TEST(Loop, AChildReapedBeforeItIsWatchedIsSeenAsEndedWithAnUnknownStatus) {
   EXPECT_NO_THROW(watched = detail::watch_child(pid));
   sigaction(SIGCHLD, &old, nullptr);
   ASSERT_TRUE(watched);
-  EXPECT_EQ(run([&]() -> Task<int> { co_return co_await detail::wait_process_exit(watched.get()); }()) & POLLIN, POLLIN);
+  EXPECT_EQ(run([&]() -> Task<int> { co_return co_await detail::wait_process_exit(watched.get()); }()) & POLLIN,
+            POLLIN);
   detail::ExitStatus status = detail::reap(watched.get());
   EXPECT_EQ(status.exit_code, -1);
   EXPECT_EQ(status.signal, 0);

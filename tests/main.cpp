@@ -18,7 +18,8 @@ int main(int argc, char** argv) {
   if (std::getenv("FORKPOOL_TEST_EXIT_BEFORE_INIT") && std::getenv("FORKPOOL_SPAWNED_WORKER")) return 3;
   // Spawned workers that go on to init() only once `parties` of them have started: a pool that
   // starts them one after another never gets there (the spawn tests check it does).
-  if (const char* parties = std::getenv("FORKPOOL_TEST_MEET_BEFORE_INIT"); parties && std::getenv("FORKPOOL_SPAWNED_WORKER"))
+  if (const char* parties = std::getenv("FORKPOOL_TEST_MEET_BEFORE_INIT");
+      parties && std::getenv("FORKPOOL_SPAWNED_WORKER"))
     if (!forkpool::test_support::meet_before_init(std::atoi(parties))) return 4;
   forkpool::test_support::mark_test_run();
   forkpool::init();  // a spawned worker serves from here; the suite starts its fork server

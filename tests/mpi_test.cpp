@@ -26,8 +26,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct Outcome {
-  int exit_code = -1;   // of mpirun; -1 when it had to be killed
-  std::string output;   // stdout and stderr
+  int exit_code = -1;  // of mpirun; -1 when it had to be killed
+  std::string output;  // stdout and stderr
   double seconds = 0;
 };
 
@@ -52,7 +52,8 @@ std::vector<std::string> mpirun_prefix() {
 // Runs mpirun with `args`; kills its process group after `limit`. `during` runs while it does,
 // given mpirun's pid and the output so far.
 template <class During>
-Outcome run_mpirun(std::vector<std::string> args, std::chrono::seconds limit, std::vector<std::string> env, During during) {
+Outcome run_mpirun(std::vector<std::string> args, std::chrono::seconds limit, std::vector<std::string> env,
+                   During during) {
   std::vector<std::string> argv = mpirun_prefix();
   argv.insert(argv.end(), args.begin(), args.end());
   int out[2];
@@ -78,23 +79,27 @@ Outcome run_mpirun(std::vector<std::string> args, std::chrono::seconds limit, st
     pollfd p{out[0], POLLIN, 0};
     if (poll(&p, 1, 50) > 0) {
       ssize_t n = read(out[0], buffer, sizeof buffer);
-      if (n <= 0) eof = true;
-      else outcome.output.append(buffer, static_cast<std::size_t>(n));
+      if (n <= 0)
+        eof = true;
+      else
+        outcome.output.append(buffer, static_cast<std::size_t>(n));
     }
     during(pid, outcome.output);
   }
   int status = 0;
   if (!eof) kill(-pid, SIGKILL);
-  while (waitpid(pid, &status, eof ? 0 : 0) < 0 && errno == EINTR) {
-  }
+  while (waitpid(pid, &status, eof ? 0 : 0) < 0 && errno == EINTR) {}
   close(out[0]);
   outcome.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  if (eof && WIFEXITED(status)) outcome.exit_code = WEXITSTATUS(status);
-  else if (eof) outcome.exit_code = 128 + WTERMSIG(status);
+  if (eof && WIFEXITED(status))
+    outcome.exit_code = WEXITSTATUS(status);
+  else if (eof)
+    outcome.exit_code = 128 + WTERMSIG(status);
   return outcome;
 }
 
-Outcome run_job(const std::string& scenario, bool node_per_rank, std::chrono::seconds limit = std::chrono::seconds(60)) {
+Outcome run_job(const std::string& scenario, bool node_per_rank,
+                std::chrono::seconds limit = std::chrono::seconds(60)) {
   std::vector<std::string> env;
   if (node_per_rank) env.push_back("FORKPOOL_MPI_NODE_PER_RANK=1");
   return run_mpirun({"-n", "3", job_path("FORKPOOL_MPI_JOB"), scenario}, limit, env, [](pid_t, const std::string&) {});
@@ -132,9 +137,7 @@ TEST_F(MpiTest, ATensorCrossesNodesByteIdentical) {
   EXPECT_NE(outcome.output.find("ok some copies were made on another node"), std::string::npos) << outcome.output;
 }
 
-TEST_F(MpiTest, OnOneNodeATensorArrivesAsTheSameMemory) {
-  expect_all_ok(run_job("tensors", false));
-}
+TEST_F(MpiTest, OnOneNodeATensorArrivesAsTheSameMemory) { expect_all_ok(run_job("tensors", false)); }
 
 TEST_F(MpiTest, CancelTimeoutsTerminateAndJoinWorkOnEveryNode) {
   Outcome outcome = run_job("control", true);
@@ -146,11 +149,12 @@ TEST_F(MpiTest, AWorkerKilledUnderARankIsWorkerLostOrARetryAndTheJobGoesOn) {
   auto marker = std::filesystem::temp_directory_path() / ("forkpool-mpi-marker-" + std::to_string(getpid()));
   std::filesystem::remove(marker);
   std::vector<std::string> env{"FORKPOOL_MPI_NODE_PER_RANK=1", "FORKPOOL_TEST_MARKER=" + marker.string()};
-  Outcome outcome = run_mpirun({"-n", "3", job_path("FORKPOOL_MPI_JOB"), "worker_killed"}, std::chrono::seconds(60), env,
-                               [](pid_t, const std::string&) {});
+  Outcome outcome = run_mpirun({"-n", "3", job_path("FORKPOOL_MPI_JOB"), "worker_killed"}, std::chrono::seconds(60),
+                               env, [](pid_t, const std::string&) {});
   std::filesystem::remove(marker);
   expect_all_ok(outcome);
-  EXPECT_NE(outcome.output.find("ok a worker killed on another node is WorkerLost"), std::string::npos) << outcome.output;
+  EXPECT_NE(outcome.output.find("ok a worker killed on another node is WorkerLost"), std::string::npos)
+      << outcome.output;
 }
 
 TEST_F(MpiTest, ARankKilledMakesMpirunExitNonZeroWithinTenSeconds) {
@@ -196,17 +200,17 @@ TEST_F(MpiTest, IdleRanksUseUnderFivePercentCpu) {
   std::vector<long> before, after;
   Clock::time_point measured_from;
   double seconds = 0;
-  Outcome outcome = run_mpirun({"-n", "3", job_path("FORKPOOL_MPI_JOB"), "idle"}, std::chrono::seconds(60),
-                               {"FORKPOOL_MPI_NODE_PER_RANK=1"}, [&](pid_t mpirun, const std::string& output) {
-                                 if (before.empty() && output.find("idle\n") != std::string::npos) {
-                                   before = ranks_cpu_ticks(mpirun);
-                                   measured_from = Clock::now();
-                                 } else if (!before.empty() && after.empty() &&
-                                            Clock::now() - measured_from > std::chrono::seconds(2)) {
-                                   after = ranks_cpu_ticks(mpirun);
-                                   seconds = std::chrono::duration<double>(Clock::now() - measured_from).count();
-                                 }
-                               });
+  Outcome outcome = run_mpirun(
+      {"-n", "3", job_path("FORKPOOL_MPI_JOB"), "idle"}, std::chrono::seconds(60), {"FORKPOOL_MPI_NODE_PER_RANK=1"},
+      [&](pid_t mpirun, const std::string& output) {
+        if (before.empty() && output.find("idle\n") != std::string::npos) {
+          before = ranks_cpu_ticks(mpirun);
+          measured_from = Clock::now();
+        } else if (!before.empty() && after.empty() && Clock::now() - measured_from > std::chrono::seconds(2)) {
+          after = ranks_cpu_ticks(mpirun);
+          seconds = std::chrono::duration<double>(Clock::now() - measured_from).count();
+        }
+      });
   expect_all_ok(outcome);
   ASSERT_EQ(before.size(), 3u) << outcome.output;
   ASSERT_EQ(after.size(), 3u) << outcome.output;

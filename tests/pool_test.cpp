@@ -520,7 +520,8 @@ TEST_P(PoolTest, WorkersDieWithTheirParent) {
   waitpid(parent, nullptr, 0);
   auto deadline = std::chrono::steady_clock::now() + 1s;
   for (pid_t w : workers) {
-    while (test_support::process_alive(w) && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
+    while (test_support::process_alive(w) && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(5ms);
     EXPECT_FALSE(test_support::process_alive(w)) << "worker " << w << " outlived its parent";
   }
 }
@@ -622,7 +623,7 @@ TEST_P(PoolTest, AForkedChildThatDestroysAPoolLeavesTheParentsWorkersAlone) {
 TEST_P(PoolTest, OnlyTheTaskThatRanFailsWhenItsWorkerCrashesWithWorkQueuedBehindIt) {
   Pool pool(options(1));
   auto crashed = pool.apply_async(crash, 0);
-  auto first = pool.apply_async(square, 3);   // queued at the same worker behind the crash
+  auto first = pool.apply_async(square, 3);  // queued at the same worker behind the crash
   auto second = pool.apply_async(square, 4);
   EXPECT_EQ(first.get(), 9);
   EXPECT_EQ(second.get(), 16);
@@ -785,8 +786,7 @@ TEST_P(PoolTest, AStreamThatOutlivesItsPoolReportsPoolTerminated) {
     stream.emplace(pool.imap(sleep_ms, std::views::all(many) | std::views::transform([](int x) { return x; })));
   }
   auto drain = [](Stream<int>& s) -> Task<void> {
-    while (co_await s.next()) {
-    }
+    while (co_await s.next()) {}
   };
   EXPECT_THROW(run(drain(*stream)), PoolTerminated);
 }
@@ -843,7 +843,8 @@ TEST_P(PoolTest, AStraySpawnMarkInTheEnvironmentIsIgnored) {
       Pool pool(options(1));
       check(pool.apply_async(square, 5).get() == 25, "a wrong result");
     });
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "with FORKPOOL_SPAWNED_WORKER=" << mark << ": status " << status;
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "with FORKPOOL_SPAWNED_WORKER=" << mark << ": status " << status;
   }
 }
 
@@ -858,13 +859,11 @@ TEST_P(PoolTest, APoolWhoseConstructorThrowsLeavesNothingBehind) {
     try {
       Pool pool(options(40));
       std::exit(3);  // 40 workers cannot fit in 64 descriptors
-    } catch (const std::exception&) {
-    }
+    } catch (const std::exception&) {}
     if (int now = test_support::open_fd_count(); now != fds_before) {
       std::fprintf(stderr, "descriptors: %d before, %d after\n", fds_before, now);
       for (const auto& fd : std::filesystem::directory_iterator("/proc/self/fd"))
-        std::fprintf(stderr, "  %s -> %s\n", fd.path().c_str(),
-                     std::filesystem::read_symlink(fd.path()).c_str());
+        std::fprintf(stderr, "  %s -> %s\n", fd.path().c_str(), std::filesystem::read_symlink(fd.path()).c_str());
       std::exit(4);
     }
     if (child_count() != 0) std::exit(5);
@@ -954,8 +953,7 @@ TEST_P(PoolTest, AWorkerThatBreaksItsRingIsReplacedAndItsTaskFailsWithProtocolEr
   EXPECT_NE(pool.worker_pids().at(0), before);
 }
 
-INSTANTIATE_TEST_SUITE_P(StartMethods, PoolTest, test_support::all_start_methods(),
-                         test_support::start_method_name);
+INSTANTIATE_TEST_SUITE_P(StartMethods, PoolTest, test_support::all_start_methods(), test_support::start_method_name);
 
 }  // namespace
 }  // namespace forkpool

@@ -113,9 +113,7 @@ void arrive_and_pass(Barrier barrier, Queue<std::string> log) {
   log.put("passed");
 }
 
-void wait_then_report(Event go, Queue<int> report) {
-  report.put(go.wait(10s) ? 1 : 0);
-}
+void wait_then_report(Event go, Queue<int> report) { report.put(go.wait(10s) ? 1 : 0); }
 
 // The inode of the shared memory mapped at `address` in this process (0: none).
 unsigned long inode_mapped_at(const void* address) {
@@ -433,7 +431,8 @@ std::shared_ptr<detail::QueueCore> core_of(const Queue<int>& q) {
 TEST(QueueTest, AConsumerThatDiesAfterReceivingAnItemGivesItsPlaceBack) {
   Queue<int> q(1);
   q.put(7);
-  int status = test_support::run_in_child([&] { QueueInternals::die_in_take(*core_of(q), QueueInternals::DieAfter::receiving_it); });
+  int status = test_support::run_in_child(
+      [&] { QueueInternals::die_in_take(*core_of(q), QueueInternals::DieAfter::receiving_it); });
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
   // Item 7 died with its consumer; its place comes back to the waiting producer.
   ASSERT_TRUE(q.put(8, 5s));
@@ -447,7 +446,8 @@ TEST(QueueTest, AConsumerThatDiesAfterReceivingAnItemGivesItsPlaceBack) {
 TEST(QueueTest, AConsumerThatDiesBeforeReceivingLeavesItsItemAndNoExtraPlace) {
   Queue<int> q(1);
   q.put(7);
-  int status = test_support::run_in_child([&] { QueueInternals::die_in_take(*core_of(q), QueueInternals::DieAfter::finding_the_item); });
+  int status = test_support::run_in_child(
+      [&] { QueueInternals::die_in_take(*core_of(q), QueueInternals::DieAfter::finding_the_item); });
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
   EXPECT_FALSE(q.put(8, 250ms));  // still full: the item stayed
   EXPECT_EQ(q.get(), 7);
@@ -458,7 +458,8 @@ TEST(QueueTest, AConsumerThatDiesBeforeReceivingLeavesItsItemAndNoExtraPlace) {
 TEST(QueueTest, AProducerOnTheLoopGetsThePlaceOfAConsumerThatDied) {
   Queue<int> q(1);
   q.put(7);
-  int status = test_support::run_in_child([&] { QueueInternals::die_in_take(*core_of(q), QueueInternals::DieAfter::receiving_it); });
+  int status = test_support::run_in_child(
+      [&] { QueueInternals::die_in_take(*core_of(q), QueueInternals::DieAfter::receiving_it); });
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
   status = test_support::run_in_child_within(10s, [&] {
     auto body = [&]() -> Task<int> {

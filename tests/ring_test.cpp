@@ -120,9 +120,12 @@ TEST(Ring, WhatAPeerScribblesIsAProtocolErrorNeverAReadOutsideTheRing) {
     }
     return false;
   };
-  auto entry_at = [](const RingView& view, std::size_t offset) { return reinterpret_cast<RingEntry*>(view.entries + offset); };
+  auto entry_at = [](const RingView& view, std::size_t offset) {
+    return reinterpret_cast<RingEntry*>(view.entries + offset);
+  };
   EXPECT_THROW(broken_reader([](RingView v) { v.control->head.store(7); }), ProtocolError);  // not aligned
-  EXPECT_THROW(broken_reader([](RingView v) { v.control->head.store(kSmallRing * 3); }), ProtocolError);  // past the ring
+  EXPECT_THROW(broken_reader([](RingView v) { v.control->head.store(kSmallRing * 3); }),
+               ProtocolError);                                                                    // past the ring
   EXPECT_THROW(broken_reader([&](RingView v) { entry_at(v, 0)->sequence = 9; }), ProtocolError);  // a stale entry
   EXPECT_THROW(broken_reader([&](RingView v) { entry_at(v, 0)->size = 1u << 30; }), ProtocolError);
   EXPECT_THROW(broken_reader([&](RingView v) { entry_at(v, 0)->size = 0; }), ProtocolError);  // no progress
@@ -135,8 +138,7 @@ TEST(Ring, WhatAPeerScribblesIsAProtocolErrorNeverAReadOutsideTheRing) {
   std::vector<std::byte> payload(40);
   ASSERT_TRUE(producer.try_push(1, 0, payload));
   rings.view(0).control->tail.store(1u << 20);  // past what was written
-  EXPECT_THROW(
-      for (int i = 1; i < 1000; ++i) producer.try_push(1, i, payload), ProtocolError);
+  EXPECT_THROW(for (int i = 1; i < 1000; ++i) producer.try_push(1, i, payload), ProtocolError);
 }
 
 TEST(Ring, AProducerKilledInTheMiddleOfWritingLeavesOnlyWholeEntries) {
@@ -203,8 +205,10 @@ void check_message(const Message& m, std::uint64_t i) {
   ASSERT_EQ(m.request_id, i);
   ASSERT_EQ(m.kind, 1 + i % 3);
   EXPECT_EQ(m.fds.size(), i % 7 == 0 ? 1u : 0u) << "message " << i;
-  if (i % 13 == 0) EXPECT_EQ(m.payload.bytes().size(), ring_payload_max(kLinkRingCapacity) + 100);
-  else EXPECT_TRUE(holds_payload_of(m.payload.bytes(), i, 300)) << "message " << i;
+  if (i % 13 == 0)
+    EXPECT_EQ(m.payload.bytes().size(), ring_payload_max(kLinkRingCapacity) + 100);
+  else
+    EXPECT_TRUE(holds_payload_of(m.payload.bytes(), i, 300)) << "message " << i;
 }
 
 // Forks the worker's end running `body`; returns its pid. The parent keeps its ends.
@@ -215,8 +219,9 @@ pid_t start_worker_end(LinkPair& pair, Channel& theirs, std::optional<std::chron
     alarm(30);
     int status = 0;
     try {
-      WorkerLink link(theirs, map_link_rings(pair.resources.rings.get()), duplicate_fd(pair.resources.worker_wake.get()),
-                      duplicate_fd(pair.resources.parent_wake.get()), spin, &is_release);
+      WorkerLink link(theirs, map_link_rings(pair.resources.rings.get()),
+                      duplicate_fd(pair.resources.worker_wake.get()), duplicate_fd(pair.resources.parent_wake.get()),
+                      spin, &is_release);
       body(link);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "worker end: %s\n", e.what());

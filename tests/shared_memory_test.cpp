@@ -30,12 +30,12 @@
 namespace forkpool {
 namespace {
 
-using test_support::eventually;
-using test_support::open_fd_count;
-using test_support::rss_kib;
 using detail::BlockEntry;
 using detail::OutgoingBlocks;
 using detail::PeerMemory;
+using test_support::eventually;
+using test_support::open_fd_count;
+using test_support::rss_kib;
 
 using namespace std::chrono_literals;
 
@@ -155,8 +155,7 @@ TEST(SlabAllocator, AnAllocationBeyondTheAddressSpaceLimitIsAnException) {
         Tensor::empty({mib << 18}, DType::f32);
         throw std::runtime_error("an allocation of " + std::to_string(mib) + " MiB succeeded");
       } catch (const std::bad_alloc&) {
-      } catch (const std::system_error&) {
-      }
+      } catch (const std::system_error&) {}
     }
     Tensor small = Tensor::empty({16}, DType::f32);  // and the process goes on
     small.data<float>()[0] = 1;
@@ -265,10 +264,13 @@ TEST(SharedMemory, ABlockLentToTwoWorkersIsNotReusedUntilBothLetGo) {
     ASSERT_NE(fresh.back().raw_data(), address) << "reused while the workers hold it";
   }
   fresh.clear();
-  pool.map_async([](int) {
-    std::this_thread::sleep_for(100ms);
-    return drop_kept(0);
-  }, std::vector<int>{0, 0}, 1).get();
+  pool.map_async(
+          [](int) {
+            std::this_thread::sleep_for(100ms);
+            return drop_kept(0);
+          },
+          std::vector<int>{0, 0}, 1)
+      .get();
   EXPECT_TRUE(eventually([&] {
     pool.apply_async(nothing, 0).get();  // lets the releases in
     return Tensor::empty({256}, DType::f32).raw_data() == address;
@@ -330,7 +332,8 @@ TEST(SharedMemory, AKilledWorkersBatchesStayValidAndGoWhenTheParentLetsGo) {
   EXPECT_EQ(shared_memory_stats().mapped_bytes, mapped);
   for (int i = 0; i < 8; ++i) EXPECT_EQ(batches[i].data<float>()[1000], static_cast<float>(i));
   batches.clear();
-  EXPECT_LE(shared_memory_stats().mapped_bytes, mapped - (std::size_t{8} << 20)) << "the dead worker's slabs stay mapped";
+  EXPECT_LE(shared_memory_stats().mapped_bytes, mapped - (std::size_t{8} << 20))
+      << "the dead worker's slabs stay mapped";
 }
 
 long shmem_kib() {
@@ -447,7 +450,8 @@ TEST(SharedMemory, ASegmentSentToAPoolThatIsTerminatedKeepsNoName) {
     EXPECT_EQ(pool.apply_async(same_tensor, *t).get().storage(), t->storage());
   }  // ~Pool terminates: the worker is killed
   t.reset();
-  EXPECT_TRUE(eventually([&] { return !std::filesystem::exists("/dev/shm/" + segment); })) << segment << " kept its name";
+  EXPECT_TRUE(eventually([&] { return !std::filesystem::exists("/dev/shm/" + segment); }))
+      << segment << " kept its name";
 }
 
 // The protocol on its own: two PeerMemory objects in one process stand for the two sides.
@@ -481,8 +485,9 @@ TEST(PeerMemory, ASlabIsIntroducedOnceAndABlockIsReleasedWithItsCount) {
   EXPECT_EQ(first->fds, std::vector<int>{t.storage()->fd()});
   EXPECT_FALSE(a->lend(blocks)) << "introduced twice";
   // Two messages lent it: the peer's release must count both.
-  Writer release = encode(std::pair(std::vector<std::uint64_t>{t.storage()->slab()->id(), t.storage()->slab_offset(), 1},
-                                    std::vector<std::uint64_t>{}));
+  Writer release =
+      encode(std::pair(std::vector<std::uint64_t>{t.storage()->slab()->id(), t.storage()->slab_offset(), 1},
+                       std::vector<std::uint64_t>{}));
   a->accept_release(release.bytes());
   a->accept_release(release.bytes());
   EXPECT_THROW(a->accept_release(release.bytes()), ProtocolError) << "released more often than lent";

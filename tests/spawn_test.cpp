@@ -67,8 +67,7 @@ TEST_P(Spawn, AFailingRankRaisesProcessRaisedExceptionAndStopsTheOthers) {
   ProcessContext context = start_processes(fail_on_rank_one, 3, options(false));
   std::vector<pid_t> pids = context.pids();
   try {
-    while (!context.join()) {
-    }
+    while (!context.join()) {}
     FAIL() << "no exception";
   } catch (const ProcessRaisedException& e) {
     EXPECT_EQ(e.rank(), 1);
@@ -82,10 +81,12 @@ TEST_P(Spawn, AFailingRankRaisesProcessRaisedExceptionAndStopsTheOthers) {
 
 TEST_P(Spawn, AKilledRankRaisesProcessExitedExceptionWithTheSignalName) {
   try {
-    spawn([](int rank) {
-      if (rank == 0) raise(SIGKILL);
-      std::this_thread::sleep_for(10s);
-    }, 2, options());
+    spawn(
+        [](int rank) {
+          if (rank == 0) raise(SIGKILL);
+          std::this_thread::sleep_for(10s);
+        },
+        2, options());
     FAIL() << "no exception";
   } catch (const ProcessExitedException& e) {
     EXPECT_EQ(e.rank(), 0);

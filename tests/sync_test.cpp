@@ -341,15 +341,11 @@ TEST_P(SyncTest, ANonDaemonProcessIsWaitedForAndADaemonOneEndedWithItsHandle) {
     Process p = start_process(waited, sleep_then_put, done, 150);
   }
   EXPECT_EQ(done.get_nowait(), std::optional<int>(1));  // it finished before the handle's end
-  {
-    Process p = start_process(options(), sleep_then_put, done, 150);
-  }
+  { Process p = start_process(options(), sleep_then_put, done, 150); }
   EXPECT_FALSE(done.get(400ms).has_value());  // killed with its handle
 }
 
-void report_who(Queue<std::string> report) {
-  report.put(current_process_name() + " " + std::to_string(parent_pid()));
-}
+void report_who(Queue<std::string> report) { report.put(current_process_name() + " " + std::to_string(parent_pid())); }
 
 TEST_P(SyncTest, AProcessKnowsItsNameAndTheProcessThatStartedIt) {
   Queue<std::string> report;
@@ -517,7 +513,8 @@ void create_and_wait(std::string name, Event made) {
 }
 
 TEST_P(SyncTest, ABlockWhoseOnlyUserIsKilledLeavesNothingInDevShm) {
-  std::string name = "forkpool-test-killed-" + std::to_string(getpid()) + "-" + std::to_string(static_cast<int>(GetParam()));
+  std::string name =
+      "forkpool-test-killed-" + std::to_string(getpid()) + "-" + std::to_string(static_cast<int>(GetParam()));
   Event made;
   Process p = start_process(options(), create_and_wait, name, made);
   ASSERT_TRUE(made.wait(10s));

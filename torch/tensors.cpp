@@ -89,7 +89,8 @@ at::Tensor from_forkpool(const Tensor& tensor) {
 }
 
 Tensor to_forkpool(const at::Tensor& tensor) {
-  if (!is_shared(tensor)) throw Error("forkpool-torch: to_forkpool needs a tensor in shared memory (share_memory() it)");
+  if (!is_shared(tensor))
+    throw Error("forkpool-torch: to_forkpool needs a tensor in shared memory (share_memory() it)");
   auto* block = static_cast<SharedBlock*>(tensor.storage().data_ptr().get_context());
   auto element = static_cast<std::int64_t>(tensor.element_size());
   return Tensor::from_storage(block->storage, tensor.storage_offset() * element, vector_of(tensor.sizes()),
@@ -144,7 +145,8 @@ namespace forkpool {
 void codec<at::Tensor>::encode(Writer& w, const at::Tensor& tensor) {
   torch::check_shareable(tensor);
   if (tensor.requires_grad() && !tensor.is_leaf())
-    throw Error("forkpool-torch: a non-leaf tensor that requires grad cannot cross (autograd state does not): detach() it");
+    throw Error(
+        "forkpool-torch: a non-leaf tensor that requires grad cannot cross (autograd state does not): detach() it");
   if (torch::is_shared(tensor)) {
     codec<Tensor>::encode(w, torch::to_forkpool(tensor));
   } else {  // copied once into shared memory

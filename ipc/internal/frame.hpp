@@ -41,7 +41,7 @@ inline constexpr std::uint64_t kMaxPayload = std::uint64_t{1} << 40;
 struct FrameHeader {
   std::uint32_t magic;
   std::uint16_t kind;
-  std::uint16_t fd_count;      // descriptors attached, the payload memfd included
+  std::uint16_t fd_count;  // descriptors attached, the payload memfd included
   std::uint32_t flags;
   std::uint32_t reserved;
   std::uint64_t payload_size;
@@ -64,7 +64,8 @@ class Payload {
   Payload& operator=(Payload&&) noexcept = default;
   ~Payload() { detail::give_back_buffer(std::move(inline_)); }  // the next message is copied into it
   std::span<const std::byte> bytes() const noexcept {
-    return mapped_.data() ? std::span<const std::byte>(mapped_.data(), mapped_size_) : std::span<const std::byte>(inline_);
+    return mapped_.data() ? std::span<const std::byte>(mapped_.data(), mapped_size_)
+                          : std::span<const std::byte>(inline_);
   }
 
  private:

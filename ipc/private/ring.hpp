@@ -33,10 +33,10 @@ struct RingControl {
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free && std::atomic<std::uint32_t>::is_always_lock_free);
 
 struct RingEntry {
-  std::uint32_t size;          // the whole entry, header and padding included
-  std::uint16_t kind;          // a message kind, or kRingWrap / kRingOnSocket
+  std::uint32_t size;  // the whole entry, header and padding included
+  std::uint16_t kind;  // a message kind, or kRingWrap / kRingOnSocket
   std::uint16_t reserved;
-  std::uint32_t sequence;      // entries counted from 0: a stale or forged entry shows
+  std::uint32_t sequence;  // entries counted from 0: a stale or forged entry shows
   std::uint32_t payload_size;
   std::uint64_t request_id;
   std::uint64_t reserved2;
@@ -109,7 +109,7 @@ class RingConsumer {
  private:
   RingView view_;
   std::uint64_t tail_ = 0;
-  std::uint64_t pending_ = 0;   // bytes of the entry peek() returned (a wrap before it included)
+  std::uint64_t pending_ = 0;  // bytes of the entry peek() returned (a wrap before it included)
   std::uint32_t sequence_ = 0;
   std::uint32_t pending_sequence_ = 0;  // sequence_ after pop()
 };

@@ -51,11 +51,11 @@ class MpiPoolCore final : public forkpool::detail::PoolCore, public std::enable_
 
  private:
   struct Node {
-    int rank = 0;          // 0: this node, run by the local pool
-    int processes = 0;     // its workers (for another node, a guess until it says)
-    int in_flight = 0;     // jobs it holds
-    bool opened = false;   // it said whether its pool started
-    bool usable = true;    // false once its pool failed to start
+    int rank = 0;         // 0: this node, run by the local pool
+    int processes = 0;    // its workers (for another node, a guess until it says)
+    int in_flight = 0;    // jobs it holds
+    bool opened = false;  // it said whether its pool started
+    bool usable = true;   // false once its pool failed to start
     bool joined = false;
   };
   struct RemoteJob {

@@ -56,8 +56,8 @@ class Transport {
  private:
   struct InFlight {
     MPI_Request request;
-    forkpool::ByteBuffer payload;                // a control message's bytes
-    std::shared_ptr<forkpool::detail::Storage> block;    // or a block's
+    forkpool::ByteBuffer payload;                      // a control message's bytes
+    std::shared_ptr<forkpool::detail::Storage> block;  // or a block's
   };
   std::deque<InFlight> in_flight_;
 };

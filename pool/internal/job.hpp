@@ -37,12 +37,12 @@ class JobSink : public std::enable_shared_from_this<JobSink> {
 struct Job {
   std::shared_ptr<JobSink> sink;
   std::size_t chunk = 0;
-  ByteBuffer payload;        // a task message (task_message.hpp)
-  OutgoingBlocks blocks;     // the arguments' tensors: held until the result is decoded
-  Attachments attachments;   // descriptors the arguments carry otherwise
-  ElementRange range;        // the elements of the chunk this job runs
-  int attempts = 0;          // runs lost with a dying worker so far
-  int free_requeues = 0;     // times its worker died before (by the worker's word) taking it up
+  ByteBuffer payload;       // a task message (task_message.hpp)
+  OutgoingBlocks blocks;    // the arguments' tensors: held until the result is decoded
+  Attachments attachments;  // descriptors the arguments carry otherwise
+  ElementRange range;       // the elements of the chunk this job runs
+  int attempts = 0;         // runs lost with a dying worker so far
+  int free_requeues = 0;    // times its worker died before (by the worker's word) taking it up
   // A part of a chunk sent again after its worker died (job_part()): the job it came from,
   // whose blocks and attachments it uses.
   std::shared_ptr<Job> whole;

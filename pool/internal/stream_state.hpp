@@ -70,7 +70,8 @@ class StreamState : public JobSink {
     if (range.size() == expected) {
       Outcome outcome;
       outcome.values.reserve(expected);
-      read_results<R>(results, range, expected, [&](std::size_t, R&& value) { outcome.values.push_back(std::move(value)); });
+      read_results<R>(results, range, expected,
+                      [&](std::size_t, R&& value) { outcome.values.push_back(std::move(value)); });
       arrive(chunk, std::move(outcome));
       return;
     }
@@ -135,7 +136,8 @@ class StreamState : public JobSink {
   };
 
   void fill_window() {
-    while (!exhausted_ && (bound_unconsumed_ ? in_flight_ : running_) < window_ && in_flight_ - running_ < kReorderLimit) {
+    while (!exhausted_ && (bound_unconsumed_ ? in_flight_ : running_) < window_ &&
+           in_flight_ - running_ < kReorderLimit) {
       bool submitted;
       try {
         submitted = submit_chunk(next_chunk_);

@@ -105,9 +105,9 @@ using Invoker = void (*)(std::uintptr_t function, const ElementRange& range, Rea
 // What a task may be: a function pointer, or a lambda without captures (an empty,
 // default-constructible class).
 template <class F>
-inline constexpr bool is_sendable_function_v =
-    (std::is_pointer_v<F> && std::is_function_v<std::remove_pointer_t<F>>) ||
-    (std::is_class_v<F> && std::is_empty_v<F> && std::is_default_constructible_v<F>);
+inline constexpr bool is_sendable_function_v = (std::is_pointer_v<F> && std::is_function_v<std::remove_pointer_t<F>>) ||
+                                               (std::is_class_v<F> && std::is_empty_v<F> &&
+                                                std::is_default_constructible_v<F>);
 
 template <class F>
 void check_sendable() {

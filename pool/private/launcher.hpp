@@ -17,7 +17,7 @@
 
 namespace forkpool::detail {
 
-struct SpawnedWorker {
+struct StartedWorker {
   pid_t pid = -1;
   UniqueFd pidfd;  // readable once the worker has exited
   // The parent's objects (by base) whose code the worker has at the same addresses, or can
@@ -29,21 +29,21 @@ class Launcher {
  public:
   virtual ~Launcher() = default;
   // Starts worker `index` serving `channel` (the worker's end). Throws std::system_error.
-  virtual SpawnedWorker spawn(int index, UniqueFd channel) = 0;
+  virtual StartedWorker start(int index, UniqueFd channel) = 0;
 
   // One worker to start: filled in with its process, or with why it could not be started.
   struct Launch {
     int index = 0;
     UniqueFd channel;  // the worker's end
-    SpawnedWorker process;
+    StartedWorker process;
     std::exception_ptr error;
   };
   // Starts every one of `launches`. Here one after another; a launcher whose start-up waits
   // (spawn's) overrides it so that the waits overlap.
-  virtual void spawn_all(std::span<Launch> launches) {
+  virtual void start_all(std::span<Launch> launches) {
     for (Launch& launch : launches) {
       try {
-        launch.process = spawn(launch.index, std::move(launch.channel));
+        launch.process = start(launch.index, std::move(launch.channel));
       } catch (...) {
         launch.error = std::current_exception();
       }
@@ -51,7 +51,7 @@ class Launcher {
   }
   // Collects the exit status of a worker whose pidfd turned readable: through the pidfd, for a
   // worker that is our own child; a fork server launcher asks the server that forked it.
-  virtual ExitStatus reap(const SpawnedWorker& worker) { return detail::reap(worker.pidfd.get()); }
+  virtual ExitStatus reap(const StartedWorker& worker) { return detail::reap(worker.pidfd.get()); }
 };
 
 // Starts the program's fork server (forkpool::init()), once: every later fork server launcher
@@ -62,7 +62,7 @@ void start_program_fork_server();
 std::unique_ptr<Launcher> make_fork_launcher(WorkerSpec spec);
 std::unique_ptr<Launcher> make_fork_server_launcher(WorkerSpec spec);
 // Each worker a fresh run of the program's executable, which serves from forkpool::init() (or
-// run(), or its first Pool). spawn() returns once the worker got there; a worker that exits or
+// run(), or its first Pool). start() returns once the worker got there; a worker that exits or
 // stalls before is an Error naming the cause. Throws std::invalid_argument for an initializer
 // that is not a plain function.
 std::unique_ptr<Launcher> make_spawn_launcher(WorkerSpec spec);

@@ -67,8 +67,8 @@ class CodeObjects {
 
 // What the scheduler (the pool core) notes about a worker; the conversation never reads it.
 struct WorkerSchedule {
-  int assigned = 0;          // jobs given to it (maxtasksperchild)
-  bool retiring = false;     // takes no more jobs (maxtasksperchild reached)
+  int assigned = 0;                 // jobs given to it (maxtasksperchild)
+  bool retiring = false;            // takes no more jobs (maxtasksperchild reached)
   Clock::time_point running_since;  // when its oldest job in flight started (task_timeout)
   std::uint64_t stopped_job = 0;    // killed by us to stop this job (cancel, task_timeout)
   std::exception_ptr stop_reason;   // why, when the job is still wanted (TimeoutError)
@@ -107,8 +107,8 @@ class PoolWorker : public std::enable_shared_from_this<PoolWorker> {
 
   int index() const noexcept { return index_; }
   pid_t pid() const noexcept { return process_.pid; }
-  const SpawnedWorker& process() const noexcept { return process_; }
-  void set_process(SpawnedWorker process) { process_ = std::move(process); }
+  const StartedWorker& process() const noexcept { return process_; }
+  void set_process(StartedWorker process) { process_ = std::move(process); }
   bool exited() const noexcept { return exited_.is_set(); }
   bool write_closed() const noexcept { return write_closed_; }
   const std::exception_ptr& failure() const noexcept { return failure_; }
@@ -119,7 +119,9 @@ class PoolWorker : public std::enable_shared_from_this<PoolWorker> {
   std::uint64_t last_replied() const noexcept { return last_replied_; }
   RunningSlot& slot() const noexcept { return *reinterpret_cast<RunningSlot*>(running_slot_.data()); }
   std::uint64_t spin_polls() const noexcept { return link_->worker_spin_polls(); }
-  bool knows_object(std::uintptr_t base) const { return process_.objects->contains(base) || objects_sent_.contains(base); }
+  bool knows_object(std::uintptr_t base) const {
+    return process_.objects->contains(base) || objects_sent_.contains(base);
+  }
 
   WorkerSchedule schedule;
 
@@ -136,7 +138,7 @@ class PoolWorker : public std::enable_shared_from_this<PoolWorker> {
   void send_release_now();
 
   int index_;
-  SpawnedWorker process_;
+  StartedWorker process_;
   Channel channel_;
   std::unique_ptr<ParentLink> link_;  // its messages: the rings, and the socket for descriptors
   std::stop_source wake_stop_;        // ends the link's watch_wakes() once the worker is gone
@@ -148,11 +150,11 @@ class PoolWorker : public std::enable_shared_from_this<PoolWorker> {
   // flight at once could overtake each other when the socket is full.
   std::deque<std::pair<std::uint64_t, std::shared_ptr<Job>>> outbox_;
   bool sending_ = false;
-  bool write_closed_ = false;   // told to exit once idle
-  std::exception_ptr failure_;  // it broke the protocol: why its running job fails
-  std::exception_ptr initializer_error_;  // its initializer threw
-  bool ready_ = false;          // its initializer succeeded: no error can be the initializer's
-  std::uint64_t last_replied_ = 0;  // the highest request id it answered
+  bool write_closed_ = false;              // told to exit once idle
+  std::exception_ptr failure_;             // it broke the protocol: why its running job fails
+  std::exception_ptr initializer_error_;   // its initializer threw
+  bool ready_ = false;                     // its initializer succeeded: no error can be the initializer's
+  std::uint64_t last_replied_ = 0;         // the highest request id it answered
   std::set<std::uintptr_t> objects_sent_;  // objects it was told to load
   ExitStatus status_;
   OneShot exited_;

@@ -21,7 +21,6 @@
 
 namespace forkpool::detail {
 
-
 // A borrowed stop token. IoOptions must stay trivially destructible: g++ 12 destroys an
 // aggregate temporary twice when it is built inside a co_await expression.
 class StopRef {
@@ -84,7 +83,6 @@ IoAwaitable wait_writable(int fd, IoOptions options = {});
 IoAwaitable wait_process_exit(int pidfd, IoOptions options = {});
 // Completes with 0 at `when` (or -ECANCELED when stopped first).
 IoAwaitable wait_until(Clock::time_point when, StopRef stop = {});
-
 
 // The kernel's form of a point on the steady clock (CLOCK_MONOTONIC).
 __kernel_timespec to_kernel_time(Clock::time_point when);

@@ -24,10 +24,10 @@ struct Operation {
   OpState state = OpState::idle;
   bool cancel_requested = false;
   int fd = -1;
-  unsigned flags = 0;          // sendmsg/recvmsg flags, or poll events
-  void* buffer = nullptr;      // read/write
-  std::size_t length = 0;      // read/write
-  msghdr* message = nullptr;   // sendmsg/recvmsg
+  unsigned flags = 0;            // sendmsg/recvmsg flags, or poll events
+  void* buffer = nullptr;        // read/write
+  std::size_t length = 0;        // read/write
+  msghdr* message = nullptr;     // sendmsg/recvmsg
   __kernel_timespec deadline{};  // timeout: absolute CLOCK_MONOTONIC
   int result = 0;
   Callback on_complete = nullptr;  // result >= 0, or -errno (-ECANCELED, -ETIME for a fired timeout)

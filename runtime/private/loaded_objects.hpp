@@ -14,8 +14,8 @@
 namespace forkpool::detail {
 
 struct LoadedObject {
-  std::string path;      // as the loader knows it ("" for the main program: /proc/self/exe)
-  std::string build_id;  // the GNU build id note, raw bytes ("" when the object has none)
+  std::string path;         // as the loader knows it ("" for the main program: /proc/self/exe)
+  std::string build_id;     // the GNU build id note, raw bytes ("" when the object has none)
   std::uintptr_t base = 0;  // where it is loaded
   std::uintptr_t size = 0;  // from base to the end of its last loadable segment
 };

@@ -56,7 +56,7 @@ int become_helper_process(const std::string& name, pid_t expected_parent, int ke
 pid_t spawn_self(int keep, const std::vector<std::string>& environment);
 
 // Exit codes of our own helpers' failures.
-inline constexpr int kExitOrphaned = 121;         // the parent died before PR_SET_PDEATHSIG
+inline constexpr int kExitOrphaned = 121;  // the parent died before PR_SET_PDEATHSIG
 inline constexpr int kExitInitializerFailed = 122;
 inline constexpr int kExitBadMessage = 123;
 

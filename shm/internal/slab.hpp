@@ -97,13 +97,13 @@ class Slab : public std::enable_shared_from_this<Slab> {
   dev_t device_ = 0;
   ino_t inode_ = 0;
   std::unordered_map<std::size_t, std::weak_ptr<Storage>> live_;  // by offset; slab_lock()
-  std::vector<std::weak_ptr<ReleaseListener>> listeners_;     // slab_lock()
+  std::vector<std::weak_ptr<ReleaseListener>> listeners_;         // slab_lock()
 
   // The owning allocator's bookkeeping, under slab_lock().
-  std::size_t block_bytes_ = 0;          // 0: one block of any size (a slab of its own)
-  std::vector<std::uint32_t> free_;      // free block indices, the last freed on top
-  std::uint32_t handed_out_ = 0;         // blocks in use
-  bool retired_ = false;                 // no more blocks from it (a block escaped the allocator)
+  std::size_t block_bytes_ = 0;      // 0: one block of any size (a slab of its own)
+  std::vector<std::uint32_t> free_;  // free block indices, the last freed on top
+  std::uint32_t handed_out_ = 0;     // blocks in use
+  bool retired_ = false;             // no more blocks from it (a block escaped the allocator)
 };
 
 // The lock over all slab bookkeeping in this process.

@@ -65,7 +65,8 @@ class Storage {
   // file_system storage: the segment's name under /dev/shm.
   const std::string& name() const noexcept { return name_; }
   // file_system: counts one more holder for a message about to carry the name; the receiver
-  // takes it over. Throws Error if another process truncated the segment. The segment's name is unlinked when its count of holders reaches zero.
+  // takes it over. Throws Error if another process truncated the segment. The segment's name is unlinked when its count
+  // of holders reaches zero.
   void add_message_reference();
   // `listener` is told when this storage is released here (unless it is gone by then).
   void notify_on_release(const std::shared_ptr<ReleaseListener>& listener);

@@ -100,8 +100,8 @@ class PeerMemory final : public ReleaseListener, public std::enable_shared_from_
   pid_t owner_;  // a forked child inherits this object, but what it releases is not the owner's
   std::mutex mutex_;
   std::unordered_map<std::uint64_t, std::weak_ptr<Slab>> introduced_;  // our slabs the peer knows, by id
-  std::unordered_map<std::uint64_t, std::uint64_t> peer_name_;  // our slab id -> the peer's, for its slabs
-  std::unordered_map<std::uint64_t, PeerSlab> from_peer_;       // by the peer's slab id
+  std::unordered_map<std::uint64_t, std::uint64_t> peer_name_;         // our slab id -> the peer's, for its slabs
+  std::unordered_map<std::uint64_t, PeerSlab> from_peer_;              // by the peer's slab id
   LentBlocks lent_;
   BorrowedBlocks<OverTheConversation> borrowed_;
   Release due_;

@@ -52,9 +52,9 @@ class QueueMemory final : public ReleaseListener, public std::enable_shared_from
   QueueMemory();  // for instance()
 
  private:
-  using OwnerSocket = std::shared_ptr<UniqueFd>;  // where a borrowed block goes home
-  void collect_releases(DroppedStorages& dropped);  // mutex_ held
-  void send_pending();  // mutex_ held
+  using OwnerSocket = std::shared_ptr<UniqueFd>;        // where a borrowed block goes home
+  void collect_releases(DroppedStorages& dropped);      // mutex_ held
+  void send_pending();                                  // mutex_ held
   std::shared_ptr<UniqueFd> owner_socket(UniqueFd fd);  // mutex_ held
   void keep_mapped(const std::shared_ptr<Slab>& slab);  // mutex_ held
 
@@ -62,9 +62,9 @@ class QueueMemory final : public ReleaseListener, public std::enable_shared_from
   UniqueFd releases_in_, releases_out_;  // consumers send to out (attached to items); we read in
   LentBlocks lent_;
   BorrowedBlocks<OwnerSocket> borrowed_;
-  InodeCache<UniqueFd> owners_;  // owners' sockets
+  InodeCache<UniqueFd> owners_;                                                        // owners' sockets
   std::vector<std::pair<std::shared_ptr<UniqueFd>, std::vector<std::byte>>> pending_;  // releases not yet sent
-  std::vector<std::shared_ptr<Slab>> kept_;                        // recently borrowed slabs, oldest first
+  std::vector<std::shared_ptr<Slab>> kept_;  // recently borrowed slabs, oldest first
   std::size_t kept_bytes_ = 0;
 };
 

@@ -37,8 +37,7 @@ void try_decode(std::span<const std::byte> bytes) {
     T value = fp::decode<T>(bytes);
     fp::Writer again = fp::encode(value);  // what decodes must encode
     (void)again;
-  } catch (const fp::ProtocolError&) {
-  }
+  } catch (const fp::ProtocolError&) {}
 }
 
 // A parent that maps one slab of a worker (made here by a second PeerMemory standing for the
@@ -67,9 +66,9 @@ void try_decode_reply(std::span<const std::byte> bytes) {
     reader.expect_end();
     // Every byte the view reaches is inside the mapping: touch the last one.
     auto extent = fp::detail::view_extent(tensor.shape(), tensor.strides(), fp::element_size(tensor.dtype()));
-    if (tensor.storage() && extent && *extent > 0) (void)static_cast<volatile std::byte*>(tensor.raw_data())[*extent - 1];
-  } catch (const fp::ProtocolError&) {
-  }
+    if (tensor.storage() && extent && *extent > 0)
+      (void)static_cast<volatile std::byte*>(tensor.raw_data())[*extent - 1];
+  } catch (const fp::ProtocolError&) {}
   conversation->parent->take_release();  // what was let go would go back to the worker
 }
 
@@ -77,10 +76,11 @@ void try_decode_reply(std::span<const std::byte> bytes) {
 void try_peer_message(std::span<const std::byte> bytes, bool release) {
   auto memory = std::make_shared<fp::detail::PeerMemory>();
   try {
-    if (release) memory->accept_release(bytes);
-    else memory->accept_introduction(bytes, {});
-  } catch (const fp::ProtocolError&) {
-  }
+    if (release)
+      memory->accept_release(bytes);
+    else
+      memory->accept_introduction(bytes, {});
+  } catch (const fp::ProtocolError&) {}
 }
 
 // Queues, pipes, events, locks, semaphores, conditions, barriers and shared values received with
@@ -110,8 +110,7 @@ void try_decode_with_descriptors(std::span<const std::byte> bytes) {
     fp::Reader reader(bytes, fds);
     T value = reader.read<T>();
     reader.expect_end();
-  } catch (const fp::ProtocolError&) {
-  }
+  } catch (const fp::ProtocolError&) {}
 }
 
 // A queue item (its table of lent blocks, their slabs' and owner's descriptors) with descriptors
@@ -127,8 +126,7 @@ void try_queue_item(std::span<const std::byte> bytes) {
       in.expect_end();
     });
   } catch (const fp::ProtocolError&) {
-  } catch (const std::invalid_argument&) {
-  }
+  } catch (const std::invalid_argument&) {}
 }
 
 }  // namespace
@@ -150,11 +148,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     case 10: try_decode<std::unordered_map<int, std::optional<int>>>(bytes); break;
     case 11: try_decode<fp::DType>(bytes); break;
     case 12: try_decode<std::vector<std::vector<std::pair<int, bool>>>>(bytes); break;
-    case 13: try {
-        fp::decode<fp::Tensor>(bytes);  // no descriptors attached: every memfd reference fails cleanly
+    case 13: try { fp::decode<fp::Tensor>(bytes);  // no descriptors attached: every memfd reference fails cleanly
       } catch (const fp::ProtocolError&) {
-      } catch (const std::invalid_argument&) {
-      }
+      } catch (const std::invalid_argument&) {}
       break;
     case 14: try_decode_reply(bytes); break;
     case 15: try_peer_message(bytes, true); break;

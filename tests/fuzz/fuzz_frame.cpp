@@ -43,7 +43,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   try {
     forkpool::detail::Message m = receiver.receive();
     (void)m.payload.bytes();
-  } catch (const forkpool::Error&) {
-  }
+  } catch (const forkpool::Error&) {}
   return 0;
 }

@@ -33,7 +33,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       if (record->payload.data() < begin || record->payload.data() + record->payload.size() > end) __builtin_trap();
       consumer.pop();
     }
-  } catch (const forkpool::ProtocolError&) {
-  }
+  } catch (const forkpool::ProtocolError&) {}
   return 0;
 }

@@ -35,7 +35,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   message.kind = fp::detail::kTaskMessage;
   message.request_id = 1;
   message.payload = fp::detail::Payload(std::vector<std::byte>(reinterpret_cast<const std::byte*>(data + 1),
-                                                       reinterpret_cast<const std::byte*>(data + size)));
+                                                               reinterpret_cast<const std::byte*>(data + size)));
   auto memory = std::make_shared<fp::detail::PeerMemory>();
   try {
     fp::detail::TaskCall call = fp::detail::read_task(message, *memory);
@@ -47,7 +47,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     } else {
       run_as<std::size_t (*)(std::string), std::string>(&length, call, arguments);
     }
-  } catch (const fp::ProtocolError&) {
-  }
+  } catch (const fp::ProtocolError&) {}
   return 0;
 }

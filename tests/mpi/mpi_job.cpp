@@ -139,7 +139,8 @@ fp::Task<void> map_and_apply() {
   pool.close();
   long late_sum = 0;
   while (auto value = co_await late.next()) late_sum += *value;
-  check(late_sum == std::accumulate(squares.begin(), squares.end(), 0L), "an imap opened before close() completes after it");
+  check(late_sum == std::accumulate(squares.begin(), squares.end(), 0L),
+        "an imap opened before close() completes after it");
   bool refused = false;
   try {
     (void)pool.apply_async(square, 1L);
@@ -164,7 +165,8 @@ fp::Task<void> tensors() {
     identical = identical && copy.numel() == tensor.numel() && copy.shape()[0] == 300 &&
                 std::memcmp(copy.raw_data(), bytes.data(), bytes.size()) == 0;
   }
-  check(identical, "a tensor crosses and comes back byte-identical (" + std::to_string(remote) + " of 24 on another node)");
+  check(identical,
+        "a tensor crosses and comes back byte-identical (" + std::to_string(remote) + " of 24 on another node)");
   if (fp::mpi::node_count() > 1) check(remote > 0, "some copies were made on another node");
 
   long inode = co_await pool.apply_async(inode_of, tensor);
@@ -251,7 +253,8 @@ void control() {
   }
   check(terminated, "terminate() fails the pending work with PoolTerminated");
   fp::run(pool.join());
-  check(Clock::now() - start < std::chrono::seconds(20), "join() after terminate() returns once every node has stopped");
+  check(Clock::now() - start < std::chrono::seconds(20),
+        "join() after terminate() returns once every node has stopped");
 }
 
 }  // namespace
@@ -275,12 +278,12 @@ int main(int argc, char** argv) {
     }
     return failures == 0 ? 0 : 1;
   }
-  fp::Task<void> (*run)() = scenario == "map" ? map_and_apply
-                            : scenario == "tensors" ? tensors
+  fp::Task<void> (*run)() = scenario == "map"             ? map_and_apply
+                            : scenario == "tensors"       ? tensors
                             : scenario == "worker_killed" ? worker_killed
-                            : scenario == "rank_killed" ? rank_killed
-                            : scenario == "idle" ? idle
-                                                 : nullptr;
+                            : scenario == "rank_killed"   ? rank_killed
+                            : scenario == "idle"          ? idle
+                                                          : nullptr;
   if (!run) {
     std::fprintf(stderr, "usage: mpi_job map|tensors|worker_killed|rank_killed|idle|control\n");
     return 2;
