@@ -105,11 +105,15 @@ void PoolWorker::begin(std::shared_ptr<WorkerEvents> events, Launcher& launcher,
 }
 
 void PoolWorker::send(std::uint64_t id, std::shared_ptr<Job> job) {
-  in_flight_.emplace(id, job);
+  in_flight_.emplace_back(id, job);
   link_->set_expecting(true);
   if (!sending_ && send_at_once(*job, id)) return;
   outbox_.emplace_back(id, std::move(job));
   if (!sending_) background_->start(send_outbox(shared_from_this()));
+}
+
+PoolWorker::InFlight::iterator PoolWorker::find_in_flight(std::uint64_t id) {
+  return std::find_if(in_flight_.begin(), in_flight_.end(), [id](const auto& entry) { return entry.first == id; });
 }
 
 void PoolWorker::close_write() {
@@ -143,7 +147,7 @@ Task<void> PoolWorker::send_outbox(std::shared_ptr<PoolWorker>) {
     auto [id, job] = std::move(outbox_.front());
     outbox_.pop_front();
     if (job->sink->abandoned()) {
-      in_flight_.erase(id);
+      if (auto it = find_in_flight(id); it != in_flight_.end()) in_flight_.erase(it);
       continue;
     }
     co_await send_one(std::move(job), id);
@@ -177,7 +181,7 @@ Task<void> PoolWorker::send_one(std::shared_ptr<Job> job, std::uint64_t id) {
   // The job could not be sent (a descriptor limit, say): it fails alone, the worker carries on,
   // without the blocks it was to be lent.
   memory_->unlend(job->root().blocks, introduction);
-  auto it = in_flight_.find(id);
+  auto it = find_in_flight(id);
   if (it == in_flight_.end()) co_return;
   in_flight_.erase(it);
   link_->set_expecting(!in_flight_.empty());
@@ -274,7 +278,7 @@ void PoolWorker::handle_reply(Message& message) {
     }
     return;
   }
-  auto it = in_flight_.find(message.request_id);
+  auto it = find_in_flight(message.request_id);
   if (it == in_flight_.end()) {
     reject(std::make_exception_ptr(ProtocolError("forkpool: worker " + std::to_string(pid()) +
                                                  " answered unknown request " + std::to_string(message.request_id))));

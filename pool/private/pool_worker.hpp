@@ -13,7 +13,6 @@
 #include <cstdint>
 #include <deque>
 #include <exception>
-#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -114,8 +113,10 @@ class PoolWorker : public std::enable_shared_from_this<PoolWorker> {
   const std::exception_ptr& failure() const noexcept { return failure_; }
   const std::exception_ptr& initializer_error() const noexcept { return initializer_error_; }
   const ExitStatus& status() const noexcept { return status_; }
-  // Jobs sent and not answered, by request id (ids rise in sending order).
-  std::map<std::uint64_t, std::shared_ptr<Job>>& in_flight() noexcept { return in_flight_; }
+  // Jobs sent and not answered, oldest first (ids rise in sending order). A few at most (the
+  // core's kJobsPerWorker): a flat list, so sending a job allocates nothing.
+  using InFlight = std::vector<std::pair<std::uint64_t, std::shared_ptr<Job>>>;
+  InFlight& in_flight() noexcept { return in_flight_; }
   std::uint64_t last_replied() const noexcept { return last_replied_; }
   RunningSlot& slot() const noexcept { return *reinterpret_cast<RunningSlot*>(running_slot_.data()); }
   std::uint64_t spin_polls() const noexcept { return link_->worker_spin_polls(); }
@@ -145,7 +146,8 @@ class PoolWorker : public std::enable_shared_from_this<PoolWorker> {
   std::shared_ptr<PeerMemory> memory_ = std::make_shared<PeerMemory>();  // the slabs and blocks we share
   std::shared_ptr<Channel> release_line_;  // its socket again, for releases sent from any thread
   Mapping running_slot_;                   // RunningSlot: which job it has taken up
-  std::map<std::uint64_t, std::shared_ptr<Job>> in_flight_;
+  InFlight in_flight_;
+  InFlight::iterator find_in_flight(std::uint64_t id);
   // Jobs to send, in order: a job may rely on a slab an earlier one introduced, and two sends in
   // flight at once could overtake each other when the socket is full.
   std::deque<std::pair<std::uint64_t, std::shared_ptr<Job>>> outbox_;
