@@ -25,6 +25,7 @@
 #include <forkpool/sync/semaphore.hpp>
 #include <forkpool/sync/shared_value.hpp>
 #include <forkpool/sync/sync.hpp>
+#include <forkpool/shm/named_memory.hpp>
 #include <forkpool/shm/tensor_codec.hpp>
 
 namespace fp = forkpool;
@@ -134,7 +135,7 @@ void try_queue_item(std::span<const std::byte> bytes) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size == 0) return 0;
   auto bytes = std::as_bytes(std::span(data + 1, size - 1));
-  switch (data[0] % 30) {
+  switch (data[0] % 31) {
     case 0: try_decode<int>(bytes); break;
     case 1: try_decode<bool>(bytes); break;
     case 2: try_decode<std::string>(bytes); break;
@@ -168,6 +169,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     case 27: try_decode_with_descriptors<fp::Connection<int>>(bytes); break;
     case 28: try_decode_with_descriptors<fp::Value<double>>(bytes); break;
     case 29: try_decode_with_descriptors<fp::Array<std::int32_t>>(bytes); break;
+    case 30: try_decode_with_descriptors<fp::SharedMemory>(bytes); break;
   }
   return 0;
 }
