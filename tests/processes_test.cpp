@@ -58,7 +58,7 @@ void produce_tensors(Queue<Tensor> q, int first, int count) {
 void consume_tensors(Queue<Tensor> q, Queue<std::vector<int>> seen, int count) {
   std::vector<int> ids;
   for (int n = 0; n < count; ++n) {
-    Tensor t = q.get();
+    Tensor t = test_support::get_within(q);
     int id = static_cast<int>(t.data<float>()[0]);
     ids.push_back(is_tensor_number(t, id) ? id : -1);
   }
@@ -139,7 +139,7 @@ TEST_P(ProcessTest, AProcessRunsItsFunctionAndEndsWithExitCodeZero) {
   Queue<int> q;
   Process p = start_process(options(), put_square, q, 7);
   EXPECT_GT(p.pid(), 0);
-  EXPECT_EQ(q.get(), 49);
+  EXPECT_EQ(test_support::get_within(q), 49);
   EXPECT_TRUE(p.join(10s));
   EXPECT_FALSE(p.is_alive());
   EXPECT_EQ(p.exitcode(), std::optional<int>(0));
@@ -192,7 +192,7 @@ TEST_P(ProcessTest, TensorsThatTheConsumerDropsAreRecycledIntoTheSameSlab) {
   Process p = start_process(options(), produce_large_tensors, q, 300);
   std::set<unsigned long> slabs;
   for (int i = 0; i < 300; ++i) {
-    Tensor t = q.get();
+    Tensor t = test_support::get_within(q);
     ASSERT_EQ(t.data<float>()[16383], static_cast<float>(i));
     slabs.insert(inode_mapped_at(t.raw_data()));
   }
@@ -356,7 +356,7 @@ TEST(QueueTest, AQueuePassedToAPoolTaskIsUsedThere) {
   Queue<int> q;
   Pool pool({.processes = 2});
   pool.apply_async(put_square, q, 5).get();
-  EXPECT_EQ(q.get(), 25);
+  EXPECT_EQ(test_support::get_within(q), 25);
 }
 
 TEST(QueueTest, AFullQueueMakesPutWaitAndPutWithATimeoutTimesOut) {
@@ -366,10 +366,10 @@ TEST(QueueTest, AFullQueueMakesPutWaitAndPutWithATimeoutTimesOut) {
   auto started = std::chrono::steady_clock::now();
   EXPECT_FALSE(q.put(3, 50ms));
   EXPECT_GE(std::chrono::steady_clock::now() - started, 50ms);
-  EXPECT_EQ(q.get(), 1);
+  EXPECT_EQ(test_support::get_within(q), 1);
   EXPECT_TRUE(q.put(3, 50ms));
-  EXPECT_EQ(q.get(), 2);
-  EXPECT_EQ(q.get(), 3);
+  EXPECT_EQ(test_support::get_within(q), 2);
+  EXPECT_EQ(test_support::get_within(q), 3);
 }
 
 TEST(QueueTest, GetWithATimeoutTimesOutAndGetNowaitOfAnEmptyQueueIsEmpty) {
@@ -396,7 +396,7 @@ TEST(QueueTest, PutAfterCloseIsALogicError) {
   q.put(1);
   q.close();
   EXPECT_THROW(q.put(2), std::logic_error);
-  EXPECT_EQ(q.get(), 1);
+  EXPECT_EQ(test_support::get_within(q), 1);
 }
 
 }  // namespace
@@ -436,11 +436,11 @@ TEST(QueueTest, AConsumerThatDiesAfterReceivingAnItemGivesItsPlaceBack) {
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
   // Item 7 died with its consumer; its place comes back to the waiting producer.
   ASSERT_TRUE(q.put(8, 5s));
-  EXPECT_EQ(q.get(), 8);
+  EXPECT_EQ(test_support::get_within(q), 8);
   // One place, not two.
   ASSERT_TRUE(q.put(9, 1s));
   EXPECT_FALSE(q.put(10, 150ms));
-  EXPECT_EQ(q.get(), 9);
+  EXPECT_EQ(test_support::get_within(q), 9);
 }
 
 TEST(QueueTest, AConsumerThatDiesBeforeReceivingLeavesItsItemAndNoExtraPlace) {
@@ -450,9 +450,9 @@ TEST(QueueTest, AConsumerThatDiesBeforeReceivingLeavesItsItemAndNoExtraPlace) {
       [&] { QueueInternals::die_in_take(*core_of(q), QueueInternals::DieAfter::finding_the_item); });
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
   EXPECT_FALSE(q.put(8, 250ms));  // still full: the item stayed
-  EXPECT_EQ(q.get(), 7);
+  EXPECT_EQ(test_support::get_within(q), 7);
   EXPECT_TRUE(q.put(8, 1s));
-  EXPECT_EQ(q.get(), 8);
+  EXPECT_EQ(test_support::get_within(q), 8);
 }
 
 TEST(QueueTest, AProducerOnTheLoopGetsThePlaceOfAConsumerThatDied) {
@@ -493,7 +493,7 @@ TEST(ThreadsTest, ALockSerializesThreadsAndQueueTensorsMayBeDroppedOnAnyThread) 
   for (int t = 0; t < 2; ++t)
     threads.emplace_back([&] {
       for (int i = 0; i < 100; ++i) {
-        Tensor got = q.get();  // dropped here, on this thread
+        Tensor got = test_support::get_within(q);  // dropped here, on this thread
         EXPECT_EQ(got.numel(), 16384);
       }
     });

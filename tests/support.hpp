@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <stdexcept>
 #include <new>
 #include <string>
 #include <type_traits>
@@ -87,6 +88,15 @@ bool meet_before_init(int parties);
 // Names this run of the suite (in the environment, which spawned workers inherit), unless it is
 // one of those workers. The suite's main calls it first.
 void mark_test_run();
+
+// The next item of `queue`, waiting at most `limit`: a test whose producer never puts fails
+// (std::runtime_error) instead of hanging.
+template <class Q>
+auto get_within(Q& queue, std::chrono::nanoseconds limit = std::chrono::seconds(30)) {
+  auto item = queue.get(limit);
+  if (!item) throw std::runtime_error("forkpool test: nothing arrived on the queue in time");
+  return std::move(*item);
+}
 
 // Runs `body` in a forked child and returns its exit status as waitpid() reports it. The child
 // exits 0 if `body` returns normally, 1 if it throws.

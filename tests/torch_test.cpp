@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <optional>
 #include <vector>
 
 #include <forkpool/forkpool.hpp>
@@ -102,7 +103,9 @@ TEST(TorchTest, TensorsCrossAQueueFromAnotherProcess) {
   Queue<at::Tensor> q;
   Process p = start_process(produce, q);
   for (int i = 0; i < 3; ++i) {
-    at::Tensor t = q.get();
+    std::optional<at::Tensor> got = q.get(30s);  // a producer that never puts fails, not hangs
+    ASSERT_TRUE(got) << "tensor " << i << " did not arrive";
+    at::Tensor t = *got;
     EXPECT_TRUE(fpt::is_shared(t));
     EXPECT_EQ(t.sum().item<float>(), 8.0f * i);
   }
