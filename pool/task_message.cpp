@@ -31,8 +31,9 @@ TaskLayout parse_task(std::span<const std::byte> body) {
   if (body.size() < kTaskHead + kTaskRange)
     throw ProtocolError("forkpool: a task message of " + std::to_string(body.size()) + " bytes is too short");
   TaskLayout task;
-  std::memcpy(&task.invoker, body.data(), sizeof task.invoker);
-  std::memcpy(&task.function, body.data() + sizeof task.invoker, sizeof task.function);
+  auto [invoker, function] = task_code_addresses(body);  // the head: one reader of it
+  task.invoker = invoker;
+  task.function = function;
   std::memcpy(&task.range, body.data() + body.size() - kTaskRange, kTaskRange);
   if (task.range.first > task.range.end || task.range.end > task.range.count)
     throw ProtocolError("forkpool: a task message runs elements [" + std::to_string(task.range.first) + ", " +
