@@ -125,6 +125,8 @@ void WorkerLink::send(std::uint16_t kind, std::uint64_t request_id, std::span<co
 Message WorkerLink::receive() {
   for (;;) {
     if (std::optional<Message> message = take()) return std::move(*message);
+    // Nothing more: the room of what was read goes back (one publication per batch).
+    if (inbound_.publish_room()) wake_waiting_producer(inbound_.control(), parent_wake_.get());
     wait(std::nullopt);
   }
 }
@@ -149,8 +151,7 @@ std::optional<Message> WorkerLink::take() {
   } else {
     message = message_of(*record);
   }
-  inbound_.pop();
-  wake_waiting_producer(inbound_.control(), parent_wake_.get());
+  if (inbound_.pop_later()) wake_waiting_producer(inbound_.control(), parent_wake_.get());
   return message;
 }
 
@@ -230,15 +231,20 @@ Task<void> ParentLink::push(std::uint16_t kind, std::uint64_t request_id, std::s
   wake_sleeping_consumer(outbound_.control(), worker_wake_.get());
 }
 
-bool ParentLink::try_send_now(std::uint16_t kind, std::uint64_t request_id, std::span<const std::byte> payload) {
+bool ParentLink::try_send_now(std::uint16_t kind, std::uint64_t request_id, std::span<const std::byte> payload,
+                              Publish publish) {
   if (gone_ || broken_ || sender_ || !fits_ring(payload, {})) return false;
   try {
-    if (!outbound_.try_push(kind, request_id, payload)) return false;
+    if (!outbound_.try_write(kind, request_id, payload)) return false;
   } catch (const ProtocolError&) {
     return false;  // the next send or receive reports it
   }
-  wake_sleeping_consumer(outbound_.control(), worker_wake_.get());
+  if (publish == Publish::now) flush();
   return true;
+}
+
+void ParentLink::flush() noexcept {
+  if (outbound_.publish()) wake_sleeping_consumer(outbound_.control(), worker_wake_.get());
 }
 
 bool ParentLink::RoomAwaiter::await_ready() {
@@ -254,6 +260,7 @@ std::optional<Message> ParentLink::try_receive() {
   try {
     std::optional<RingRecord> record = inbound_.peek();
     if (!record) {
+      if (inbound_.publish_room()) wake_waiting_producer(inbound_.control(), worker_wake_.get());
       if (gone_) throw ChannelClosed("forkpool: the worker is gone");
       return std::nullopt;
     }
@@ -263,8 +270,7 @@ std::optional<Message> ParentLink::try_receive() {
     } else {
       message = message_of(*record);
     }
-    inbound_.pop();
-    wake_waiting_producer(inbound_.control(), worker_wake_.get());
+    if (inbound_.pop_later()) wake_waiting_producer(inbound_.control(), worker_wake_.get());
     return message;
   } catch (const ChannelClosed&) {
     if (gone_) throw;

@@ -43,6 +43,12 @@ bool RingProducer::has_room(std::size_t payload_size) {
 }
 
 bool RingProducer::try_push(std::uint16_t kind, std::uint64_t request_id, std::span<const std::byte> payload) {
+  if (!try_write(kind, request_id, payload)) return false;
+  publish();
+  return true;
+}
+
+bool RingProducer::try_write(std::uint16_t kind, std::uint64_t request_id, std::span<const std::byte> payload) {
   if (!has_room(payload.size())) return false;
   std::uint64_t need = padded(sizeof(RingEntry) + payload.size());
   std::uint64_t at = head_ % view_.capacity;
@@ -58,8 +64,14 @@ bool RingProducer::try_push(std::uint16_t kind, std::uint64_t request_id, std::s
   std::memcpy(view_.entries + at, &entry, sizeof entry);
   if (!payload.empty()) std::memcpy(view_.entries + at + sizeof entry, payload.data(), payload.size());
   head_ = next + need;
-  // The entry is whole before it shows; seq_cst, as the sleep check that follows (link.cpp) must
-  // not pass it.
+  return true;
+}
+
+bool RingProducer::publish() noexcept {
+  if (published_ == head_) return false;
+  published_ = head_;
+  // The entries are whole before they show; seq_cst, as the sleep check that follows (link.cpp)
+  // must not pass it.
   view_.control->head.store(head_, std::memory_order_seq_cst);
   return true;
 }
@@ -97,11 +109,23 @@ std::optional<RingRecord> RingConsumer::peek() {
 }
 
 void RingConsumer::pop() noexcept {
-  if (pending_ == 0) return;
+  pop_later();
+  publish_room();
+}
+
+bool RingConsumer::pop_later() noexcept {
+  if (pending_ == 0) return false;
   tail_ += pending_;
   sequence_ = pending_sequence_;
   pending_ = 0;
+  return tail_ - room_published_ >= view_.capacity / 4 && publish_room();  // a producer may wait for it
+}
+
+bool RingConsumer::publish_room() noexcept {
+  if (room_published_ == tail_) return false;
+  room_published_ = tail_;
   view_.control->tail.store(tail_, std::memory_order_seq_cst);  // as the head's store
+  return true;
 }
 
 }  // namespace forkpool::detail

@@ -8,6 +8,7 @@ namespace {
 struct Spares {
   std::vector<ByteBuffer> buffers;
   std::size_t bytes = 0;
+  std::vector<ByteBuffer> small;  // at most kMaxSmallSpare bytes each, used last-in first-out
 };
 
 Spares& spares() {
@@ -15,11 +16,27 @@ Spares& spares() {
   return kept;
 }
 
+void keep_small(ByteBuffer&& buffer) noexcept {
+  Spares& kept = spares();
+  if (kept.small.size() >= kMaxSmallSpares) return;
+  try {
+    buffer.clear();
+    kept.small.push_back(std::move(buffer));
+  } catch (...) {
+    // No room to remember it: it is freed as it would have been.
+  }
+}
+
 }  // namespace
 
 ByteBuffer take_spare_buffer(std::size_t at_least) {
   Spares& kept = spares();
-  if (kept.buffers.empty()) return {};
+  if (kept.buffers.empty()) {
+    if (kept.small.empty() || at_least > kMaxSmallSpare) return {};
+    ByteBuffer buffer = std::move(kept.small.back());
+    kept.small.pop_back();
+    return buffer;
+  }
   std::size_t best = 0;
   for (std::size_t i = 1; i < kept.buffers.size(); ++i) {
     std::size_t capacity = kept.buffers[i].capacity(), best_capacity = kept.buffers[best].capacity();
@@ -35,6 +52,7 @@ ByteBuffer take_spare_buffer(std::size_t at_least) {
 
 void give_back_buffer(ByteBuffer&& buffer) noexcept {
   std::size_t capacity = buffer.capacity();
+  if (capacity > 0 && capacity <= kMaxSmallSpare) return keep_small(std::move(buffer));
   if (capacity < kMinSpareBytes || capacity > kMaxSpareBuffer) return;
   Spares& kept = spares();
   if (kept.bytes + capacity > kMaxSpareBytes) return;

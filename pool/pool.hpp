@@ -113,24 +113,16 @@ class ApplySink final : public JobSink {
 // Lets `state`'s cancel() stop the jobs of `sink` on `core`.
 template <class R>
 void connect_cancel(ResultState<R>& state, const std::shared_ptr<PoolCore>& core, const JobSink* sink) {
-  state.set_canceller([weak = std::weak_ptr<PoolCore>(core), sink](typename ResultState<R>::CancelStep step) {
-    std::shared_ptr<PoolCore> live = weak.lock();
-    if (!live) return;
-    if (step == ResultState<R>::CancelStep::check)
-      live->check_owner("AsyncResult::cancel");
-    else
-      live->cancel(sink);
-  });
+  state.set_canceller(core, sink);
 }
 
 template <class F, class Element, bool Spread, class View>
 class RangeStream final : public StreamState<NonVoid<CallResult<F, Element, Spread>>> {
  public:
-  // window 0: two chunks per worker, running (see StreamState for bound_unconsumed).
+  // window 0: what the workers take (window() below; see StreamState for bound_unconsumed).
   RangeStream(std::shared_ptr<PoolCore> core, F f, View view, std::size_t chunksize, bool ordered, std::size_t window,
               bool bound_unconsumed)
-      : StreamState<NonVoid<CallResult<F, Element, Spread>>>(
-            ordered, window > 0 ? window : 2 * static_cast<std::size_t>(core->processes()), bound_unconsumed),
+      : StreamState<NonVoid<CallResult<F, Element, Spread>>>(ordered, window, bound_unconsumed),
         core_(std::move(core)),
         f_(f),
         view_(std::move(view)),
@@ -140,6 +132,12 @@ class RangeStream final : public StreamState<NonVoid<CallResult<F, Element, Spre
     core_->stream_opened();
   }
   ~RangeStream() override { end_input(); }
+
+  // window 0: as many chunks as the workers take at once (two each; more while chunks are short).
+  std::size_t window() const override {
+    std::size_t given = StreamState<NonVoid<CallResult<F, Element, Spread>>>::window();
+    return given > 0 ? given : core_->jobs_wanted();
+  }
 
  private:
   bool submit_chunk(std::size_t index) override {

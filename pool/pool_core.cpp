@@ -27,9 +27,14 @@ namespace forkpool::detail {
 namespace {
 
 // Jobs a worker holds at once: the one it runs and the next, so it never waits for the parent.
+// While its jobs are short (each under kShortJob) the window doubles up to kMaxJobsPerWorker, so
+// that a burst of small tasks travels in batches (one publication and at most one wake-up for
+// many); one long job brings it back. A job behind a short one waits little.
 constexpr std::size_t kJobsPerWorker = 2;
+constexpr std::size_t kMaxJobsPerWorker = 16;
+constexpr auto kShortJob = std::chrono::microseconds(20);
 // A cancel mark must outlive every job the worker may still take up (RunningSlot).
-static_assert(RunningSlot::kCancelMarks >= 2 * kJobsPerWorker);
+static_assert(RunningSlot::kCancelMarks >= 2 * kMaxJobsPerWorker);
 // Workers in a row whose initializer threw before the pool gives up and fails its work with the
 // InitializerError (Python's pool would start new ones for ever).
 constexpr int kMaxInitializerFailures = 3;
@@ -71,6 +76,7 @@ class PoolCoreImpl final : public PoolCore, public WorkerEvents, public std::ena
   void terminate() override;
   Task<void> join() override;
   int processes() const noexcept override { return processes_; }
+  std::size_t jobs_wanted() const noexcept override;
   bool terminated() const noexcept override { return terminated_; }
   std::vector<pid_t> worker_pids() const override;
   UniqueFd worker_pidfd(pid_t pid) const override;
@@ -78,6 +84,7 @@ class PoolCoreImpl final : public PoolCore, public WorkerEvents, public std::ena
   void shut_down() override;
 
   void job_finished(PoolWorker& worker, bool served) override;
+  void replies_read() override { flush_workers(); }
   void worker_gone(const std::shared_ptr<PoolWorker>& worker) override;
 
  private:
@@ -100,7 +107,11 @@ class PoolCoreImpl final : public PoolCore, public WorkerEvents, public std::ena
   void launch_workers(int count);
   int free_worker_id(const std::vector<int>& starting);
   void replenish();
+  // Sends queued jobs to workers with room, and publishes them.
   void dispatch();
+  // dispatch() without the publication: jobs wait in the rings until flush_workers().
+  void send_queued();
+  void flush_workers() noexcept;
   std::shared_ptr<PoolWorker> pick_worker();
   void retire_if_idle(PoolWorker& worker);
   void fail_queue(const std::exception_ptr& error);
@@ -268,17 +279,32 @@ void PoolCoreImpl::replenish() {
   }
 }
 
+std::size_t PoolCoreImpl::jobs_wanted() const noexcept {
+  std::size_t wanted = 0;
+  for (const auto& w : workers_) wanted += std::max(w->schedule.window, kJobsPerWorker);
+  return std::max(wanted, kJobsPerWorker * static_cast<std::size_t>(processes_));
+}
+
 std::shared_ptr<PoolWorker> PoolCoreImpl::pick_worker() {
   std::shared_ptr<PoolWorker> best;
   for (auto& w : workers_) {
     if (w->schedule.retiring || w->write_closed() || w->failure() || w->exited()) continue;
-    if (w->in_flight().size() >= kJobsPerWorker) continue;
+    if (w->in_flight().size() >= std::max(w->schedule.window, kJobsPerWorker)) continue;
     if (!best || w->in_flight().size() < best->in_flight().size()) best = w;
   }
   return best;
 }
 
 void PoolCoreImpl::dispatch() {
+  send_queued();
+  flush_workers();
+}
+
+void PoolCoreImpl::flush_workers() noexcept {
+  for (auto& w : workers_) w->flush();
+}
+
+void PoolCoreImpl::send_queued() {
   if (terminated_) return;
   while (!queue_.empty()) {
     if (queue_.front()->sink->abandoned()) {
@@ -306,9 +332,14 @@ void PoolCoreImpl::retire_if_idle(PoolWorker& worker) {
 void PoolCoreImpl::job_finished(PoolWorker& worker, bool served) {
   if (served) {
     initializer_failures_ = 0;  // a worker that serves proves the initializer can succeed
-    if (!worker.in_flight().empty()) worker.schedule.running_since = Clock::now();  // it has taken up the next
+    WorkerSchedule& schedule = worker.schedule;
+    Clock::time_point now = Clock::now();
+    bool short_job = now - schedule.running_since < kShortJob;
+    schedule.window =
+        short_job ? std::min(2 * std::max(schedule.window, kJobsPerWorker), kMaxJobsPerWorker) : kJobsPerWorker;
+    if (!worker.in_flight().empty()) schedule.running_since = now;  // it has taken up the next
   }
-  dispatch();  // after close(), this also retires the worker once it is idle
+  send_queued();  // after close(), this also retires the worker once it is idle; replies_read() publishes
 }
 
 // What a worker's death tells about its jobs in flight.

@@ -116,6 +116,8 @@ PoolWorker::InFlight::iterator PoolWorker::find_in_flight(std::uint64_t id) {
   return std::find_if(in_flight_.begin(), in_flight_.end(), [id](const auto& entry) { return entry.first == id; });
 }
 
+void PoolWorker::flush() noexcept { link_->flush(); }
+
 void PoolWorker::close_write() {
   if (write_closed_) return;
   write_closed_ = true;
@@ -133,10 +135,10 @@ void PoolWorker::reject(std::exception_ptr error) {
 Task<void> PoolWorker::relay_wakes(std::shared_ptr<PoolWorker>) { co_await link_->watch_wakes(wake_stop_.get_token()); }
 
 // On the pool's thread: through the ring when it has room, else the socket.
-void PoolWorker::send_release_now() {
+void PoolWorker::send_release_now(ParentLink::Publish publish) {
   PeerMemory::Release release = memory_->take_release();
   if (release.empty()) return;
-  if (link_->try_send_now(kReleaseMessage, 0, release.encode().bytes())) return;
+  if (link_->try_send_now(kReleaseMessage, 0, release.encode().bytes(), publish)) return;
   memory_->restore(std::move(release));
   send_release(*memory_, *release_line_);
 }
@@ -186,7 +188,10 @@ Task<void> PoolWorker::send_one(std::shared_ptr<Job> job, std::uint64_t id) {
   in_flight_.erase(it);
   link_->set_expecting(!in_flight_.empty());
   job->sink->chunk_failed(job->chunk, send_error);
-  if (events_) events_->job_finished(*this, false);
+  if (events_) {
+    events_->job_finished(*this, false);
+    events_->replies_read();
+  }
 }
 
 // The common case without a coroutine: a task that needs nothing introduced first (no new
@@ -198,9 +203,9 @@ bool PoolWorker::send_at_once(Job& job, std::uint64_t id) {
   } catch (const Error&) {
     return false;  // send_one() fails the job with it
   }
-  send_release_now();
+  send_release_now(ParentLink::Publish::at_flush);
   std::optional<PeerMemory::Introduction> introduction = memory_->lend(job.root().blocks);
-  if (!introduction && link_->try_send_now(kTaskMessage, id, job.payload)) return true;
+  if (!introduction && link_->try_send_now(kTaskMessage, id, job.payload, ParentLink::Publish::at_flush)) return true;
   memory_->unlend(job.root().blocks, introduction);  // send_one() lends them again
   return false;
 }
@@ -219,6 +224,7 @@ Task<void> PoolWorker::serve(std::shared_ptr<PoolWorker> self) {
       continue;
     }
     if (!message) {
+      events->replies_read();
       co_await link_->arrival();
       continue;
     }
@@ -289,8 +295,8 @@ void PoolWorker::handle_reply(Message& message) {
   link_->set_expecting(!in_flight_.empty());
   last_replied_ = std::max(last_replied_, message.request_id);
   bool served = deliver(*job, message);
-  job.reset();         // may let go of blocks
-  send_release_now();  // with any the socket could not take earlier
+  job.reset();                                      // may let go of blocks
+  send_release_now(ParentLink::Publish::at_flush);  // with any the socket could not take earlier
   events_->job_finished(*this, served);
 }
 

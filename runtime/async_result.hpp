@@ -35,6 +35,18 @@ namespace detail {
 // Reports a done-callback's exception on stderr: it must not break whoever completed the result.
 void report_callback_failure() noexcept;
 
+// Who can stop the work behind a result (a pool). Called on the thread that cancels.
+class Canceller {
+ public:
+  // Throws std::logic_error when the calling thread may not cancel.
+  virtual void check_cancel() const = 0;
+  // Stops `work` (what set_canceller named), whose result has already failed.
+  virtual void cancel_work(const void* work) = 0;
+
+ protected:
+  ~Canceller() = default;
+};
+
 template <class R>
 class ResultState : public std::enable_shared_from_this<ResultState<R>> {
  public:
@@ -63,20 +75,24 @@ class ResultState : public std::enable_shared_from_this<ResultState<R>> {
     return {ready() ? 1u : 0u, 1};
   }
 
-  // Who can stop the work (the pool that runs it). cancel() calls it twice: first with
-  // CancelStep::check, which throws (std::logic_error) when the caller may not cancel, and then,
-  // once the result has failed with Cancelled, with CancelStep::stop.
-  enum class CancelStep { check, stop };
-  void set_canceller(std::function<void(CancelStep)> canceller) { canceller_ = std::move(canceller); }
+  // Who can stop the work: `owner` (the pool that runs it) for its `work`. cancel() first asks
+  // owner.check_cancel(), which throws (std::logic_error) when the caller may not cancel, and
+  // then, once the result has failed with Cancelled, owner.cancel_work(work). Held weakly: a pool
+  // that is gone cancels nothing. (No std::function: every apply_async sets one.)
+  void set_canceller(std::weak_ptr<Canceller> owner, const void* work) {
+    canceller_ = std::move(owner);
+    cancel_work_ = work;
+  }
   // One ordered operation: the check comes first, so a call that throws changes nothing (the
   // work runs on, no awaiter is resumed); then the result fails (the pool then sees it is not
   // wanted), then the work is stopped.
   void cancel() {
-    if (canceller_) canceller_(CancelStep::check);
+    std::shared_ptr<Canceller> owner = canceller_.lock();
+    if (owner) owner->check_cancel();
     if (ready()) return;
-    auto canceller = std::exchange(canceller_, {});
+    canceller_.reset();
     set_error(std::make_exception_ptr(Cancelled()));
-    if (canceller) canceller(CancelStep::stop);
+    if (owner) owner->cancel_work(cancel_work_);
   }
 
   // Runs `callback` once the outcome is set (now, if it is).
@@ -108,7 +124,7 @@ class ResultState : public std::enable_shared_from_this<ResultState<R>> {
 
  private:
   void finish() {
-    canceller_ = {};
+    canceller_.reset();
     auto callbacks = std::exchange(callbacks_, {});
     auto timers = std::exchange(timers_, {});
     auto self = this->shared_from_this();  // a resumed waiter may drop its result
@@ -128,7 +144,8 @@ class ResultState : public std::enable_shared_from_this<ResultState<R>> {
   std::optional<Stored> value_;
   std::exception_ptr error_;
   detail::OneShot done_;
-  std::function<void(CancelStep)> canceller_;
+  std::weak_ptr<Canceller> canceller_;
+  const void* cancel_work_ = nullptr;
   std::vector<Callback> callbacks_;
   std::vector<std::weak_ptr<std::stop_source>> timers_;
   Progress progress_;

@@ -9,9 +9,11 @@
 
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <forkpool/ipc/internal/channel.hpp>
+#include <forkpool/ipc/internal/spare_buffers.hpp>
 #include <forkpool/ipc/private/memfd.hpp>
 #include <forkpool/runtime/loop.hpp>
 #include <forkpool/runtime/when_all.hpp>
@@ -38,6 +40,32 @@ std::string read_all(int fd) {
   char buffer[64];
   ssize_t n = read(fd, buffer, sizeof buffer);
   return n > 0 ? std::string(buffer, n) : std::string();
+}
+
+// A small message buffer given back is the next one taken (no malloc per small message), and
+// the small ones kept are bounded.
+TEST(SpareBuffers, ASmallBufferGivenBackIsTakenAgainAndTheKeptOnesAreBounded) {
+  using namespace detail;
+  std::thread([] {  // a fresh thread: its own spares, none kept yet
+    ByteBuffer small;
+    small.reserve(128);
+    const std::byte* memory = small.data();
+    give_back_buffer(std::move(small));
+    ByteBuffer again = take_spare_buffer();
+    EXPECT_EQ(again.data(), memory);
+    EXPECT_TRUE(again.empty());
+    EXPECT_GE(again.capacity(), 128u);
+    EXPECT_EQ(take_spare_buffer().capacity(), 0u);  // nothing more kept
+    for (std::size_t i = 0; i < kMaxSmallSpares + 10; ++i) {
+      ByteBuffer b;
+      b.reserve(64);
+      give_back_buffer(std::move(b));
+    }
+    std::size_t taken = 0;
+    while (take_spare_buffer().capacity() > 0) ++taken;
+    EXPECT_EQ(taken, kMaxSmallSpares);
+  })
+      .join();
 }
 
 TEST(Channel, CarriesKindIdPayloadAndADescriptor) {

@@ -105,6 +105,60 @@ TEST(Ring, AFullRingRefusesAnEntryAndTakesItOnceTheConsumerMakesRoom) {
   EXPECT_FALSE(consumer.peek());
 }
 
+TEST(Ring, WrittenEntriesShowOnlyOnceTheProducerPublishesThem) {
+  SharedRings rings;
+  RingProducer producer(rings.view(0));
+  RingConsumer consumer(rings.view(0));
+  std::vector<std::byte> payload(40, std::byte{3});
+  for (std::uint64_t i = 0; i < 5; ++i) ASSERT_TRUE(producer.try_write(1, i, payload));
+  EXPECT_FALSE(consumer.ready());
+  EXPECT_FALSE(consumer.peek());
+  EXPECT_TRUE(producer.publish());
+  EXPECT_FALSE(producer.publish());  // nothing new
+  for (std::uint64_t i = 0; i < 5; ++i) {
+    std::optional<RingRecord> record = consumer.peek();
+    ASSERT_TRUE(record);
+    EXPECT_EQ(record->request_id, i);
+    consumer.pop();
+  }
+  EXPECT_FALSE(consumer.peek());
+  // A published push shows what was written before it too, in order.
+  ASSERT_TRUE(producer.try_write(1, 5, payload));
+  ASSERT_TRUE(producer.try_push(1, 6, payload));
+  EXPECT_EQ(consumer.peek()->request_id, 5u);
+  consumer.pop();
+  EXPECT_EQ(consumer.peek()->request_id, 6u);
+}
+
+TEST(Ring, RoomConsumedLaterShowsAtPublishOrOnceAQuarterOfTheRingIsHeldBack) {
+  SharedRings rings;
+  RingProducer producer(rings.view(0));
+  RingConsumer consumer(rings.view(0));
+  std::vector<std::byte> payload(200, std::byte{5});
+  int accepted = 0;
+  while (producer.try_push(1, accepted, payload)) ++accepted;
+  ASSERT_GT(accepted, 8);
+  // One entry consumed, its room held back: the producer still sees a full ring.
+  ASSERT_TRUE(consumer.peek());
+  EXPECT_FALSE(consumer.pop_later());
+  EXPECT_FALSE(producer.has_room(payload.size()));
+  EXPECT_TRUE(consumer.publish_room());
+  EXPECT_TRUE(producer.has_room(payload.size()));
+  EXPECT_FALSE(consumer.publish_room());  // nothing new
+  // Without publish_room(), a quarter of the ring held back is published by pop_later itself.
+  ASSERT_TRUE(producer.try_push(1, accepted, payload));
+  std::size_t held = 0;
+  bool published = false;
+  while (!published) {
+    ASSERT_TRUE(consumer.peek());
+    published = consumer.pop_later();
+    held += 256;  // the entry: a 32-byte header and 200 bytes, padded to 32
+    ASSERT_LE(held, kSmallRing / 4 + 256) << "room held back past a quarter of the ring";
+  }
+  EXPECT_GE(held, kSmallRing / 4);
+  EXPECT_TRUE(producer.has_room(payload.size()));
+}
+
 TEST(Ring, WhatAPeerScribblesIsAProtocolErrorNeverAReadOutsideTheRing) {
   auto broken_reader = [](auto scribble) {
     SharedRings rings;

@@ -1,11 +1,13 @@
 // Spinning before sleeping (PoolOptions::spin): the pool polls only while work is in flight,
-// never with spin = 0, and an idle pool costs (almost) no CPU.
+// never with spin = 0, and an idle pool costs (almost) no CPU. And batching: a worker whose jobs
+// are short is given more at once, one whose job was long goes back to two.
 
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <thread>
 #include <vector>
 
 #include <forkpool/pool/private/pool_internals.hpp>
@@ -20,6 +22,10 @@ namespace {
 using namespace std::chrono_literals;
 
 int ident(int x) { return x; }
+int nap(int ms) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  return ms;
+}
 
 // Polls done so far by this process's loop and by the pool's live workers.
 std::uint64_t polls_of(Pool& pool) {
@@ -69,6 +75,22 @@ TEST(Spin, AnIdlePoolUsesUnderOnePercentOfACpu) {
   for (pid_t w : workers) after += test_support::cpu_time_of(w);
   EXPECT_LT(after - before, 20ms);
   EXPECT_EQ(detail::spin_polls(), parent_polls);  // nothing in flight: the loop never spun
+}
+
+TEST(Batching, ShortJobsWidenAWorkersWindowAndALongOneNarrowsItToTwo) {
+  Pool pool(PoolOptions{.processes = 1});
+  detail::PoolCore& core = detail::PoolInternals::core(pool);
+  EXPECT_EQ(core.jobs_wanted(), 2u);
+  std::size_t widest = 0;
+  std::vector<AsyncResult<int>> results;
+  for (int i = 0; i < 5000; ++i) {
+    results.push_back(pool.apply_async(ident, i));
+    results.back().add_done_callback([&](AsyncResult<int>&) { widest = std::max(widest, core.jobs_wanted()); });
+  }
+  for (int i = 0; i < 5000; ++i) ASSERT_EQ(results[i].get(30s), i);
+  EXPECT_GT(widest, 2u) << "5000 trivial jobs and the window never widened";
+  EXPECT_EQ(pool.apply_async(nap, 30).get(30s), 30);
+  EXPECT_EQ(core.jobs_wanted(), 2u) << "a 30 ms job left the window wide";
 }
 
 }  // namespace

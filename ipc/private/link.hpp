@@ -104,9 +104,16 @@ class ParentLink final : public Spinner {
                         std::span<const int> fds = {});
   // A message without descriptors into the ring if there is room now and no send waits; false
   // otherwise (the caller sends it with async_send, or a loose one on the socket). Never waits.
-  bool try_send_now(std::uint16_t kind, std::uint64_t request_id, std::span<const std::byte> payload);
+  // Publish::at_flush: it leaves with the next flush() or published send, so that a batch of
+  // messages costs one publication (and at most one wake-up); the caller must flush().
+  enum class Publish { now, at_flush };
+  bool try_send_now(std::uint16_t kind, std::uint64_t request_id, std::span<const std::byte> payload,
+                    Publish publish = Publish::now);
+  // Publishes what try_send_now(Publish::at_flush) wrote, waking the worker if it sleeps.
+  void flush() noexcept;
 
-  // The next message the worker sent, or nothing when none has arrived. Throws ProtocolError
+  // The next message the worker sent, or nothing when none has arrived (the room of the messages
+  // read before is then given back: one publication per batch). Throws ProtocolError
   // once when the worker broke the ring (then nothing more is read), ChannelClosed once the
   // worker is gone and everything it sent has been read.
   std::optional<Message> try_receive();

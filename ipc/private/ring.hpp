@@ -72,6 +72,11 @@ class RingProducer {
   // Appends one entry and publishes it; false when there is no room now. Throws ProtocolError
   // when the consumer's tail is impossible (it moved back, or past what was written).
   bool try_push(std::uint16_t kind, std::uint64_t request_id, std::span<const std::byte> payload);
+  // As try_push, but the entry shows only at the next publish() (or try_push): a batch of
+  // entries costs one seq_cst store, whose wait for the entries' cache lines is most of a push.
+  bool try_write(std::uint16_t kind, std::uint64_t request_id, std::span<const std::byte> payload);
+  // Publishes every entry written; false when there was none to publish.
+  bool publish() noexcept;
   // Whether an entry of `payload_size` bytes would fit now.
   bool has_room(std::size_t payload_size);
   RingControl& control() const noexcept { return *view_.control; }
@@ -80,6 +85,7 @@ class RingProducer {
   std::uint64_t read_tail();
   RingView view_;
   std::uint64_t head_ = 0;       // ours: the shared copy is only ever written by us
+  std::uint64_t published_ = 0;  // the shared copy: entries up to head_ are written, not shown
   std::uint64_t tail_seen_ = 0;  // the consumer's tail as last read (checked to never move back)
   std::uint32_t sequence_ = 0;
 };
@@ -104,12 +110,18 @@ class RingConsumer {
   bool ready() const noexcept { return view_.control->head.load(std::memory_order_seq_cst) != tail_; }
   // Consumes the entry peek() returned and publishes the room.
   void pop() noexcept;
+  // As pop(), but the room shows only at the next publish_room() (or pop()), or once a quarter
+  // of the ring is held back: a batch of entries costs one seq_cst store. True when it published.
+  bool pop_later() noexcept;
+  // Publishes the room of every entry consumed; false when there was none to publish.
+  bool publish_room() noexcept;
   RingControl& control() const noexcept { return *view_.control; }
 
  private:
   RingView view_;
   std::uint64_t tail_ = 0;
-  std::uint64_t pending_ = 0;  // bytes of the entry peek() returned (a wrap before it included)
+  std::uint64_t room_published_ = 0;  // the shared copy of tail_
+  std::uint64_t pending_ = 0;         // bytes of the entry peek() returned (a wrap before it included)
   std::uint32_t sequence_ = 0;
   std::uint32_t pending_sequence_ = 0;  // sequence_ after pop()
 };

@@ -11,11 +11,12 @@
 
 #include <forkpool/pool/internal/job.hpp>
 #include <forkpool/pool/pool_options.hpp>
+#include <forkpool/runtime/async_result.hpp>
 #include <forkpool/runtime/task.hpp>
 
 namespace forkpool::detail {
 
-class PoolCore {
+class PoolCore : public Canceller {
  public:
   // Starts the workers (and, for forkserver, the fork server). Nothing is left behind if it throws.
   // `process_name` non-empty: the workers are Processes (WorkerSpec::process_name).
@@ -42,6 +43,9 @@ class PoolCore {
   virtual Task<void> join() = 0;  // std::logic_error unless close() or terminate() came first
   virtual bool terminated() const noexcept = 0;
   virtual int processes() const noexcept = 0;
+  // How many jobs the workers take at once now: two each, more while their jobs are short (a
+  // stream keeps this many chunks running unless told otherwise).
+  virtual std::size_t jobs_wanted() const noexcept { return 2 * static_cast<std::size_t>(processes()); }
   virtual std::vector<pid_t> worker_pids() const = 0;
   // How often the live workers polled their rings while spinning (tests: spin = 0 never does).
   virtual std::uint64_t worker_spin_polls() const { return 0; }
@@ -54,6 +58,9 @@ class PoolCore {
   // A Pool belongs to the thread (and process) that made it: std::logic_error naming the rule
   // and `who` otherwise.
   void check_owner(const char* who) const;
+  // Canceller: an AsyncResult's cancel() (work is its JobSink).
+  void check_cancel() const final { check_owner("AsyncResult::cancel"); }
+  void cancel_work(const void* work) final { cancel(static_cast<const JobSink*>(work)); }
   // False in a forked child of the process that made the pool.
   bool in_owner_process() const noexcept;
 

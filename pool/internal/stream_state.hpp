@@ -43,6 +43,8 @@ class StreamState : public JobSink {
 
   // Submits the first window of chunks.
   void start() { fill_window(); }
+  // Chunks kept running (or unconsumed): the window given, unless a subclass knows better.
+  virtual std::size_t window() const { return window_; }
 
   static Task<std::optional<R>> next(std::shared_ptr<StreamState> self) {
     for (;;) {
@@ -136,7 +138,7 @@ class StreamState : public JobSink {
   };
 
   void fill_window() {
-    while (!exhausted_ && (bound_unconsumed_ ? in_flight_ : running_) < window_ &&
+    while (!exhausted_ && (bound_unconsumed_ ? in_flight_ : running_) < window() &&
            in_flight_ - running_ < kReorderLimit) {
       bool submitted;
       try {

@@ -77,7 +77,7 @@ enum MessageKind : std::uint16_t {
 // sees the job taken up and stops the worker. (A worker has at most a few jobs in flight, so a
 // small ring of marks is never overwritten while one is still wanted.)
 struct RunningSlot {
-  static constexpr std::size_t kCancelMarks = 8;
+  static constexpr std::size_t kCancelMarks = 32;  // pool_core.cpp: twice the most jobs a worker holds
   std::atomic<std::uint64_t> request_id;
   std::atomic<std::uint64_t> element;  // of that task's chunk: the one being called
   std::atomic<std::uint64_t> next_mark;
@@ -234,12 +234,17 @@ std::array<std::uint64_t, 2> task_code_addresses(std::span<const std::byte> payl
 // range in its trailer patched, sharing the job's blocks.
 std::shared_ptr<Job> job_part(const std::shared_ptr<Job>& job, std::uint64_t first, std::uint64_t end);
 
+// What a task of a few plain arguments takes: head, elements, range and an empty block table.
+inline constexpr std::size_t kSmallTaskBytes = 128;
+
 // Encodes up to `limit` elements from [it, end) as one task message into `job` (payload, loan,
 // attachments); returns how many it took.
 template <class F, class Element, bool Spread, class It, class End>
 std::size_t encode_task(Job& job, F f, It& it, const End& end, std::size_t limit) {
   Writer w(&job.blocks);  // tensors name their blocks in the job's table
   w.buffer() = take_spare_buffer();
+  // A small task in one allocation: the vector's growth from empty would make several.
+  w.buffer().reserve(kSmallTaskBytes);
   write_task_head(w, reinterpret_cast<std::uintptr_t>(&Call<F, Element, Spread>::invoke), function_bits(f));
   std::size_t count = 0;
   if constexpr (Bitwise<Element> && std::contiguous_iterator<It> && std::sized_sentinel_for<End, It> &&

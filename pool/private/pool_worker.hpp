@@ -42,8 +42,11 @@ class WorkerEvents {
  public:
   // A job left the worker: its sink has its result or its error (`served`: the worker ran it
   // and answered; false: it could not be sent, or the reply was malformed). The worker may
-  // take another.
+  // take another. What the core sends then may wait in the rings until replies_read().
   virtual void job_finished(PoolWorker& worker, bool served) = 0;
+  // The worker's replies read so far are handled (its ring is empty, for now): the core flushes
+  // what it sent meanwhile, so that a burst of replies costs one publication per worker.
+  virtual void replies_read() = 0;
   // The worker is reaped and everything it sent is read. Its jobs still in flight are in
   // `worker.in_flight()`, for the core to fail or run again.
   virtual void worker_gone(const std::shared_ptr<PoolWorker>& worker) = 0;
@@ -71,6 +74,7 @@ struct WorkerSchedule {
   Clock::time_point running_since;  // when its oldest job in flight started (task_timeout)
   std::uint64_t stopped_job = 0;    // killed by us to stop this job (cancel, task_timeout)
   std::exception_ptr stop_reason;   // why, when the job is still wanted (TimeoutError)
+  std::size_t window = 0;           // jobs it may hold at once (the core's choice)
 };
 
 class PoolWorker : public std::enable_shared_from_this<PoolWorker> {
@@ -94,8 +98,11 @@ class PoolWorker : public std::enable_shared_from_this<PoolWorker> {
              Start& start, std::span<const std::byte> hello, std::optional<std::chrono::nanoseconds> spin);
 
   // Sends `job` as request `id`, after the jobs sent before it. A job that cannot be sent fails
-  // alone (job_finished with served false).
+  // alone (job_finished with served false). It may wait in the ring until flush(): the core
+  // sends a batch, then flushes once.
   void send(std::uint64_t id, std::shared_ptr<Job> job);
+  // Publishes what send() left in the ring, waking the worker if it sleeps.
+  void flush() noexcept;
   // Tells the worker to exit once it has read what it was sent.
   void close_write();
   // Kills the worker; its death is reported as any other.
@@ -136,7 +143,7 @@ class PoolWorker : public std::enable_shared_from_this<PoolWorker> {
   bool send_at_once(Job& job, std::uint64_t id);
   void handle_reply(Message& message);
   bool deliver(Job& job, Message& message);
-  void send_release_now();
+  void send_release_now(ParentLink::Publish publish = ParentLink::Publish::now);
 
   int index_;
   StartedWorker process_;
