@@ -1,5 +1,7 @@
 """Counts test cases from meson's logs: each GoogleTest case is one test (from the JUnit log);
-a meson test that failed without reporting a failing case (a crash, a timeout) counts once more."""
+a meson test that failed without reporting a failing case (a crash, a timeout) counts once more.
+A directory holding `job-result` (a job that is not a meson suite: .ci/task deb) counts as one
+test that passed or failed."""
 import json
 import os
 import sys
@@ -7,6 +9,14 @@ import xml.etree.ElementTree as ET
 
 passed = failed = skipped = 0
 for build in sys.argv[1:]:
+    job_result = os.path.join(build, "job-result")
+    if os.path.exists(job_result):
+        with open(job_result) as f:
+            if f.read().strip() == "pass":
+                passed += 1
+            else:
+                failed += 1
+        continue
     logs = os.path.join(build, "meson-logs")
     junit, jsonl = os.path.join(logs, "testlog.junit.xml"), os.path.join(logs, "testlog.json")
     if not os.path.exists(jsonl):
