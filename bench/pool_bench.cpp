@@ -92,9 +92,9 @@ void BM_ApplyAsync100kInFlight(benchmark::State& state) {
 }
 BENCHMARK(BM_ApplyAsync100kInFlight)->ArgsProduct({{0, 1}, {1, 2}})->UseRealTime()->Unit(benchmark::kMillisecond);
 
-// imap at chunksize 1 over 100,000 items: items per second. Arg: spin_arg.
+// imap at chunksize 1 over 100,000 items: items per second. Args: spin_arg, workers.
 void BM_ImapChunksize1(benchmark::State& state) {
-  fp::PoolOptions options{.processes = 2};
+  fp::PoolOptions options{.processes = static_cast<int>(state.range(1))};
   options.spin = spin_arg(state.range(0));
   fp::Pool pool(options);
   auto body = [&]() -> fp::Task<void> {
@@ -104,7 +104,7 @@ void BM_ImapChunksize1(benchmark::State& state) {
   for (auto _ : state) fp::run(body());
   state.SetItemsProcessed(state.iterations() * 100'000);
 }
-BENCHMARK(BM_ImapChunksize1)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ImapChunksize1)->ArgsProduct({{0, 1}, {1, 2}})->UseRealTime()->Unit(benchmark::kMillisecond);
 
 // Arg: task_timeout in ms (0: none), to see what the timeout machinery costs.
 void BM_ApplyAsyncRoundTrip(benchmark::State& state) {

@@ -138,6 +138,8 @@ class RangeStream final : public StreamState<NonVoid<CallResult<F, Element, Spre
     std::size_t given = StreamState<NonVoid<CallResult<F, Element, Spread>>>::window();
     return given > 0 ? given : core_->jobs_wanted();
   }
+  void hold_submits() override { core_->hold_sends(); }
+  void release_submits() override { core_->release_sends(); }
 
  private:
   bool submit_chunk(std::size_t index) override {

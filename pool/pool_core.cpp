@@ -84,7 +84,10 @@ class PoolCoreImpl final : public PoolCore, public WorkerEvents, public std::ena
   void shut_down() override;
 
   void job_finished(PoolWorker& worker, bool served) override;
-  void replies_read() override { flush_workers(); }
+  void hold_sends() override { ++sends_held_; }
+  void release_sends() override {
+    if (--sends_held_ == 0) flush_workers();
+  }
   void worker_gone(const std::shared_ptr<PoolWorker>& worker) override;
 
  private:
@@ -107,9 +110,8 @@ class PoolCoreImpl final : public PoolCore, public WorkerEvents, public std::ena
   void launch_workers(int count);
   int free_worker_id(const std::vector<int>& starting);
   void replenish();
-  // Sends queued jobs to workers with room, and publishes them.
+  // Sends queued jobs to workers with room, and publishes them unless sends are held.
   void dispatch();
-  // dispatch() without the publication: jobs wait in the rings until flush_workers().
   void send_queued();
   void flush_workers() noexcept;
   std::shared_ptr<PoolWorker> pick_worker();
@@ -131,6 +133,7 @@ class PoolCoreImpl final : public PoolCore, public WorkerEvents, public std::ena
   bool closed_ = false;
   bool terminated_ = false;
   int open_streams_ = 0;          // streams that may still submit, also after close()
+  int sends_held_ = 0;            // hold_sends() without its release_sends() yet
   int initializer_failures_ = 0;  // consecutive workers whose initializer threw
   std::exception_ptr broken_;     // why no worker can be started any more (the initializer)
   OneShot all_exited_;
@@ -297,7 +300,7 @@ std::shared_ptr<PoolWorker> PoolCoreImpl::pick_worker() {
 
 void PoolCoreImpl::dispatch() {
   send_queued();
-  flush_workers();
+  if (sends_held_ == 0) flush_workers();
 }
 
 void PoolCoreImpl::flush_workers() noexcept {
@@ -339,7 +342,7 @@ void PoolCoreImpl::job_finished(PoolWorker& worker, bool served) {
         short_job ? std::min(2 * std::max(schedule.window, kJobsPerWorker), kMaxJobsPerWorker) : kJobsPerWorker;
     if (!worker.in_flight().empty()) schedule.running_since = now;  // it has taken up the next
   }
-  send_queued();  // after close(), this also retires the worker once it is idle; replies_read() publishes
+  dispatch();  // after close(), this also retires the worker once it is idle
 }
 
 // What a worker's death tells about its jobs in flight.

@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <utility>
 #include <csignal>
 #include <string>
 #include <thread>
@@ -188,10 +189,7 @@ Task<void> PoolWorker::send_one(std::shared_ptr<Job> job, std::uint64_t id) {
   in_flight_.erase(it);
   link_->set_expecting(!in_flight_.empty());
   job->sink->chunk_failed(job->chunk, send_error);
-  if (events_) {
-    events_->job_finished(*this, false);
-    events_->replies_read();
-  }
+  if (events_) events_->job_finished(*this, false);
 }
 
 // The common case without a coroutine: a task that needs nothing introduced first (no new
@@ -212,6 +210,18 @@ bool PoolWorker::send_at_once(Job& job, std::uint64_t id) {
 
 Task<void> PoolWorker::serve(std::shared_ptr<PoolWorker> self) {
   std::shared_ptr<WorkerEvents> events = events_;  // the core outlives every coroutine that uses it
+  // Sends are held while replies are read, and released before waiting for more.
+  struct HeldSends {
+    WorkerEvents& events;
+    bool held = false;
+    void hold() {
+      if (!std::exchange(held, true)) events.hold_sends();
+    }
+    void release() {
+      if (std::exchange(held, false)) events.release_sends();
+    }
+    ~HeldSends() { release(); }
+  } sends{*events};
   for (;;) {
     std::optional<Message> message;
     try {
@@ -224,12 +234,14 @@ Task<void> PoolWorker::serve(std::shared_ptr<PoolWorker> self) {
       continue;
     }
     if (!message) {
-      events->replies_read();
+      sends.release();
       co_await link_->arrival();
       continue;
     }
+    sends.hold();
     if (!failure_) handle_reply(*message);
   }
+  sends.release();
   co_await exited_;
   wake_stop_.request_stop();
   memory_->peer_gone();

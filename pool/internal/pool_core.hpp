@@ -38,6 +38,11 @@ class PoolCore : public Canceller {
   // Stops the work of `sink` (whose result is already failed): its running jobs' workers are
   // killed and replaced, the other work they had runs elsewhere at no cost; queued jobs drop.
   virtual void cancel(const JobSink* sink) = 0;
+  // Jobs sent between hold_sends() and the matching release_sends() leave together at the
+  // release: one publication per worker and at most one wake-up for a batch. Calls nest. (A
+  // stream submitting its window; the replies of one drain of a worker's ring.)
+  virtual void hold_sends() {}
+  virtual void release_sends() {}
   virtual void close() = 0;
   virtual void terminate() = 0;
   virtual Task<void> join() = 0;  // std::logic_error unless close() or terminate() came first

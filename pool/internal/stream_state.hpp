@@ -45,6 +45,9 @@ class StreamState : public JobSink {
   void start() { fill_window(); }
   // Chunks kept running (or unconsumed): the window given, unless a subclass knows better.
   virtual std::size_t window() const { return window_; }
+  // Around submitting a window's chunks: a pool sends them as one batch.
+  virtual void hold_submits() {}
+  virtual void release_submits() {}
 
   static Task<std::optional<R>> next(std::shared_ptr<StreamState> self) {
     for (;;) {
@@ -138,6 +141,7 @@ class StreamState : public JobSink {
   };
 
   void fill_window() {
+    hold_submits();
     while (!exhausted_ && (bound_unconsumed_ ? in_flight_ : running_) < window() &&
            in_flight_ - running_ < kReorderLimit) {
       bool submitted;
@@ -145,7 +149,7 @@ class StreamState : public JobSink {
         submitted = submit_chunk(next_chunk_);
       } catch (...) {
         fail_input(std::current_exception());
-        return;
+        break;
       }
       if (submitted) {
         ++next_chunk_;
@@ -155,6 +159,7 @@ class StreamState : public JobSink {
         exhausted_ = true;
       }
     }
+    release_submits();
   }
 
   // The input threw (or its chunk could not be submitted): kept until every result submitted

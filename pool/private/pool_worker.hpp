@@ -42,11 +42,12 @@ class WorkerEvents {
  public:
   // A job left the worker: its sink has its result or its error (`served`: the worker ran it
   // and answered; false: it could not be sent, or the reply was malformed). The worker may
-  // take another. What the core sends then may wait in the rings until replies_read().
+  // take another.
   virtual void job_finished(PoolWorker& worker, bool served) = 0;
-  // The worker's replies read so far are handled (its ring is empty, for now): the core flushes
-  // what it sent meanwhile, so that a burst of replies costs one publication per worker.
-  virtual void replies_read() = 0;
+  // Around a drain of the worker's replies: what the core sends meanwhile leaves at the release,
+  // so that a burst of replies costs one publication per worker (PoolCore::hold_sends).
+  virtual void hold_sends() = 0;
+  virtual void release_sends() = 0;
   // The worker is reaped and everything it sent is read. Its jobs still in flight are in
   // `worker.in_flight()`, for the core to fail or run again.
   virtual void worker_gone(const std::shared_ptr<PoolWorker>& worker) = 0;
