@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include <forkpool/pool/dataloader.hpp>
 #include <forkpool/pool/pool.hpp>
 #include <forkpool/shm/tensor.hpp>
 #include <forkpool/shm/private/slab_allocator.hpp>
@@ -125,5 +126,42 @@ BENCHMARK(BM_DataLoader)
     ->ArgsProduct({{64 << 10, 1 << 20, 12 << 20}, {1, 0}})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
+
+// The same work through forkpool::DataLoader, as a user coming from torch writes it: a dataset
+// whose get(index) builds one batch, batch_size 1 with a collate that hands that batch on (torch's
+// batch_size=None), 2 persistent workers, each epoch a Stream. Arg: batch bytes. Against
+// BM_DataLoader (imap) it shows what the loader's sampler, collate and prefetch cost.
+struct BatchDataset {
+  std::int64_t batches;
+  std::size_t size() const { return static_cast<std::size_t>(batches); }
+  fp::Tensor get(std::size_t index) const { return build_batch(static_cast<std::int64_t>(index)); }
+};
+fp::Tensor the_only_sample(std::vector<fp::Tensor> samples) { return std::move(samples.front()); }
+
+void BM_DataLoaderClass(benchmark::State& state) {
+  g_batch_floats = state.range(0) / 4;
+  std::int64_t per_epoch = state.range(0) >= (8 << 20) ? 100 : 500;
+  fp::DataLoader<BatchDataset> loader(
+      BatchDataset{per_epoch}, {.batch_size = 1, .num_workers = 2, .persistent_workers = true}, &the_only_sample);
+  std::int64_t batches = 0;
+  auto body = [&]() -> fp::Task<void> {
+    fp::Stream<fp::Tensor> warm = loader.epoch();  // each worker makes its slabs once
+    while (co_await warm.next()) {}
+    for (auto _ : state) {
+      fp::Stream<fp::Tensor> epoch = loader.epoch();
+      std::int64_t expected = 0;
+      while (std::optional<fp::Tensor> b = co_await epoch.next()) {
+        if (b->numel() != g_batch_floats || b->data<float>()[0] != static_cast<float>(expected))
+          state.SkipWithError("a batch out of order or not filled");
+        ++expected;
+        ++batches;
+      }
+    }
+  };
+  fp::run(body());
+  state.SetItemsProcessed(batches);
+  state.SetLabel(std::to_string(state.range(0) >> 10) + " KiB, forkpool::DataLoader");
+}
+BENCHMARK(BM_DataLoaderClass)->Arg(64 << 10)->Arg(1 << 20)->Arg(12 << 20)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 BENCHMARK_MAIN();
