@@ -116,4 +116,17 @@ std::uintptr_t ObjectTranslation::translate(std::uintptr_t address) const {
   return address;
 }
 
+std::optional<CodeAddress> code_address_of(std::uintptr_t address) {
+  std::optional<LoadedObject> object = object_at(address);
+  if (!object) return std::nullopt;
+  return CodeAddress{object->path, object->build_id, address - object->base};
+}
+
+std::optional<std::uintptr_t> loaded_address(const CodeAddress& code) {
+  for (const LoadedObject& object : loaded_objects())
+    if (object.path == code.path && object.build_id == code.build_id && code.offset < object.size)
+      return object.base + code.offset;
+  return std::nullopt;
+}
+
 }  // namespace forkpool::detail

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cerrno>
 #include <climits>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -18,6 +19,7 @@
 #include <forkpool/sync/private/holders.hpp>
 #include <forkpool/sync/private/shared_page.hpp>
 #include <forkpool/runtime/private/errno.hpp>
+#include <forkpool/runtime/private/loaded_objects.hpp>
 #include <forkpool/runtime/internal/io.hpp>
 #include <forkpool/runtime/loop.hpp>
 
@@ -220,7 +222,7 @@ void break_round(BarrierState& state) {
 }
 }  // namespace
 
-Barrier::Barrier(int parties) {
+Barrier::Barrier(int parties, Action action) : action_(action) {
   if (parties < 1) throw std::invalid_argument("forkpool: Barrier needs parties >= 1");
   page_ = detail::SharedPage::create("forkpool-barrier");
   BarrierState& state = *page_->as<BarrierState>();
@@ -237,6 +239,14 @@ Barrier::Arrival Barrier::arrive() {
   if (state.broken) throw_broken("aborted, or a round before failed (reset() it)");
   Arrival arrival{state.generation.load(), state.arrived++, false};
   if (state.arrived == state.parties) {
+    if (action_) {
+      try {
+        action_();  // before the others are released, as Python's
+      } catch (...) {
+        break_round(state);
+        throw;
+      }
+    }
     state.arrived = 0;
     state.waiting.clear();
     state.generation.fetch_add(1);
@@ -322,13 +332,38 @@ int Barrier::n_waiting() const {
   return state.arrived;
 }
 
+// The page, then the action as where it is in its object (detail::CodeAddress): a process maps
+// the same program and objects at other addresses (spawn), and finds the object already loaded.
 void codec<Barrier>::encode(Writer& w, const Barrier& barrier) {
   w.write(w.attach_fd(barrier.page_->fd(), barrier.page_));
+  std::optional<detail::CodeAddress> action;
+  if (barrier.action_) {
+    action = detail::code_address_of(reinterpret_cast<std::uintptr_t>(barrier.action_));
+    if (!action) throw Error("forkpool: a Barrier's action is in no loaded object: it cannot be sent");
+  }
+  w.write(action.has_value());
+  if (action) {
+    w.write(action->path);
+    w.write(action->build_id);
+    w.write(action->offset);
+  }
 }
 Barrier codec<Barrier>::decode(Reader& r) {
   auto page = detail::SharedPage::adopt(r.take_fd(r.read<std::uint32_t>()));
   if (page->as<BarrierState>()->parties < 1) r.fail("a Barrier of fewer than one party");
-  return Barrier(std::move(page));
+  Barrier::Action action = nullptr;
+  if (r.read<bool>()) {
+    detail::CodeAddress where;
+    where.path = r.read<std::string>();
+    where.build_id = r.read<std::string>();
+    where.offset = r.read<std::uint64_t>();
+    std::optional<std::uintptr_t> address = detail::loaded_address(where);
+    if (!address)
+      r.fail("a Barrier's action in " + (where.path.empty() ? std::string("the main program") : where.path) +
+             ", which this process has not loaded (or another build of it)");
+    action = reinterpret_cast<Barrier::Action>(*address);
+  }
+  return Barrier(std::move(page), action);
 }
 
 }  // namespace forkpool

@@ -149,7 +149,12 @@ class BrokenBarrierError : public Error {
 // barrier is ready for the next round, as multiprocessing's Barrier. Any thread.
 class Barrier {
  public:
-  explicit Barrier(int parties);  // Throws std::invalid_argument for parties < 1.
+  // Run by the last party to arrive, before the others are released (Python's `action`). If it
+  // throws, the barrier breaks (the others get BrokenBarrierError) and the last party gets the
+  // exception. A function pointer (or a lambda without captures): sent to another process it is
+  // found again in the same program or shared object there, never loaded from what was sent.
+  using Action = void (*)();
+  explicit Barrier(int parties, Action action = nullptr);  // Throws std::invalid_argument for parties < 1.
   // The arrival index, 0 to parties - 1 (parties - 1: the last to arrive). Throws
   // BrokenBarrierError when the barrier is or becomes broken while waiting; a wait that times out
   // breaks it (as Python's).
@@ -167,7 +172,7 @@ class Barrier {
 
  private:
   friend struct codec<Barrier>;
-  explicit Barrier(std::shared_ptr<detail::SharedPage> page) : page_(std::move(page)) {}
+  Barrier(std::shared_ptr<detail::SharedPage> page, Action action) : page_(std::move(page)), action_(action) {}
   struct Arrival {
     std::uint32_t generation;
     int index;
@@ -177,6 +182,7 @@ class Barrier {
   std::optional<int> round_over(const Arrival& arrival, std::chrono::steady_clock::time_point deadline,
                                 bool look_for_ended);
   std::shared_ptr<detail::SharedPage> page_;
+  Action action_ = nullptr;  // in this process's addresses
 };
 
 template <>

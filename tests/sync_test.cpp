@@ -11,6 +11,7 @@
 #include <system_error>
 #include <mutex>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -228,6 +229,40 @@ TEST_P(SyncTest, AbortBreaksTheWaitingPartiesUntilReset) {
   EXPECT_GE(report.get(10s).value_or(-1), 0);
   EXPECT_TRUE(p.join(10s));
   EXPECT_TRUE(again.join(10s));
+}
+
+// Python's Barrier action, as CPython's _TestBarrier.test_action: run once per round, by the
+// last party, before the others are released. Each process counts the actions it ran itself.
+int g_actions_here = 0;
+void count_an_action() { ++g_actions_here; }
+
+void arrive_and_tell_actions(Barrier barrier, Queue<int> report) {
+  int index = barrier.wait(20s);
+  report.put(index * 10 + g_actions_here);
+}
+
+TEST_P(SyncTest, TheLastPartyRunsTheBarriersActionOncePerRound) {
+  Barrier barrier(3, count_an_action);
+  Queue<int> report;
+  std::vector<Process> parties;
+  for (int i = 0; i < 3; ++i) parties.push_back(start_process(options(), arrive_and_tell_actions, barrier, report));
+  std::set<int> reports;
+  for (int i = 0; i < 3; ++i) reports.insert(report.get(20s).value_or(-1));
+  // Index 2 (the last) ran it once; indices 0 and 1 never did: the action crossed to each process
+  // (under spawn, found again in this program at its own address there).
+  EXPECT_EQ(reports, (std::set<int>{0, 10, 21}));
+  for (Process& p : parties) EXPECT_TRUE(p.join(10s));
+}
+
+void throw_from_the_action() { throw std::runtime_error("the action failed"); }
+
+TEST(BarrierTest, AnActionThatThrowsBreaksTheBarrierAndTheLastPartyGetsItsError) {
+  Barrier barrier(2, throw_from_the_action);
+  std::thread first([&] { EXPECT_THROW(barrier.wait(20s), BrokenBarrierError); });
+  ASSERT_TRUE(test_support::eventually([&] { return barrier.n_waiting() == 1; }, 10s));
+  EXPECT_THROW(barrier.wait(20s), std::runtime_error);
+  first.join();
+  EXPECT_TRUE(barrier.broken());
 }
 
 TEST(BarrierTest, AWaitThatTimesOutBreaksTheBarrier) {

@@ -29,6 +29,18 @@ std::shared_ptr<const std::set<std::uintptr_t>> loaded_object_bases();
 // The object that holds `address`, or nothing (code made at run time, say).
 std::optional<LoadedObject> object_at(std::uintptr_t address);
 
+// A code address as another process of the same program can find it: its object (path, "" for the
+// main program, and build id) and the offset from the object's base.
+struct CodeAddress {
+  std::string path;
+  std::string build_id;
+  std::uint64_t offset = 0;
+};
+std::optional<CodeAddress> code_address_of(std::uintptr_t address);
+// Where `code` is in this process: only among the objects loaded now (nothing is loaded from a
+// path that was sent), and only when the build id matches; nothing otherwise.
+std::optional<std::uintptr_t> loaded_address(const CodeAddress& code);
+
 // A worker's view of objects its parent has and it may not have at the same address: loaded
 // after forking it, or, in a spawned worker (a fresh run of the program), all of them. For each,
 // the parent's address range and where (or whether) this process has it.
