@@ -32,8 +32,8 @@ def python_figure(file, pattern):
     return float(m.group(1)) if m else None
 
 
-loop, loop_epoll, ipc, pool, tensor, queue, mpi = (
-    load(n) for n in ("loop", "loop_epoll", "ipc", "pool", "tensor", "queue", "mpi"))
+loop, loop_epoll, ipc, pool, tensor, queue, mpi, torch_bench = (
+    load(n) for n in ("loop", "loop_epoll", "ipc", "pool", "tensor", "queue", "mpi", "torch"))
 rows = []
 
 
@@ -219,6 +219,28 @@ if tensor:
             if threads:
                 ratio.append(f"{c / threads:.2f}x libtorch's thread DataLoader")
             row(f"tensor: forkpool::DataLoader, {label.split()[0]} KiB batches", f"{c:.0f} batches/s", "; ".join(ratio))
+
+if torch_bench:
+    for size, label in [(4 << 10, "4 KiB"), (1 << 20, "1024 KiB")]:
+        t = torch_bench.get(f"BM_TorchTensorRoundTrip/{size}/1/real_time")
+        f = torch_bench.get(f"BM_TorchTensorRoundTrip/{size}/0/real_time")
+        if t and f:
+            row(f"torch: torch::Tensor round trip, {label}", f"{ns(t) / 1e3:.2f} us",
+                f"{ns(t) / ns(f):.2f}x fp::Tensor's ({ns(f) / 1e3:.2f} us; target <= 1.1)")
+    for size, label in batch_sizes:
+        b = torch_bench.get(f"BM_TorchDataLoader/{size}/real_time")
+        if not b:
+            continue
+        r = b["items_per_second"]
+        kib = label.split()[0]
+        ratio = []
+        torch = python_figure("py_dataloader.txt", r"batch " + kib + r" KiB: ([\d.]+) batches/s")
+        if torch:
+            ratio.append(f"{r / torch:.1f}x torch DataLoader (target >= 10)")
+        threads = python_figure("libtorch_dataloader.txt", r"batch " + kib + r" KiB: ([\d.]+) batches/s")
+        if threads:
+            ratio.append(f"{r / threads:.2f}x libtorch's thread DataLoader")
+        row(f"torch: DataLoader pattern, {kib} KiB torch::Tensor batches", f"{r:.0f} batches/s", "; ".join(ratio))
 
 
 def plot():

@@ -13,6 +13,12 @@ for b in loop ipc pool tensor queue; do
     --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
     --benchmark_out="$out/$b.json" --benchmark_out_format=json >&2
 done
+if [ -x "$build/bench/torch_bench" ]; then
+  echo "== torch_bench (io_uring)" >&2
+  FORKPOOL_BACKEND=io_uring "$build/bench/torch_bench" --benchmark_min_time=0.3 \
+    --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
+    --benchmark_out="$out/torch.json" --benchmark_out_format=json >&2
+fi
 echo "== loop_bench (epoll)" >&2
 FORKPOOL_BACKEND=epoll "$build/bench/loop_bench" --benchmark_min_time=0.3 --benchmark_filter=Loop \
   --benchmark_out="$out/loop_epoll.json" --benchmark_out_format=json >&2

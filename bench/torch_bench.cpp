@@ -1,0 +1,94 @@
+// forkpool-torch: torch::Tensor as a pool's value, against forkpool's own Tensor in the same run
+// (tensor_bench's figures), and the DataLoader pattern with torch::Tensor batches against
+// libtorch's own thread DataLoader and Python torch's (../shared/anchors: libtorch_dataloader.cpp,
+// py_dataloader.py; bench/run_all.sh runs them in the same run, compare.py prints the ratios).
+
+#include <benchmark/benchmark.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <ranges>
+#include <string>
+
+#include <forkpool/forkpool.hpp>
+#include <forkpool/torch.hpp>
+
+namespace fp = forkpool;
+
+namespace {
+
+at::Tensor touch_ends(at::Tensor t) {
+  auto* bytes = static_cast<std::uint8_t*>(t.data_ptr());
+  bytes[0] += 1;
+  bytes[t.nbytes() - 1] += 1;
+  return t;
+}
+
+fp::Tensor touch_ends_fp(fp::Tensor t) {
+  auto* bytes = static_cast<std::uint8_t*>(t.raw_data());
+  bytes[0] += 1;
+  bytes[t.nbytes() - 1] += 1;
+  return t;
+}
+
+// A shared torch::Tensor to a worker and back, as tensor_bench's BM_TensorRoundTrip does with
+// forkpool's Tensor; both here, same run: the ratio is what libtorch's tensor costs on top.
+// Arg 0: bytes; arg 1: 1 torch::Tensor, 0 fp::Tensor.
+void BM_TorchTensorRoundTrip(benchmark::State& state) {
+  fp::Pool pool({.processes = 1});
+  std::int64_t floats = state.range(0) / 4;
+  bool torch_tensor = state.range(1) != 0;
+  at::Tensor t = fp::torch::zeros({floats}, at::kFloat);
+  fp::Tensor f = fp::Tensor::zeros({floats}, fp::DType::f32);
+  auto body = [&]() -> fp::Task<void> {
+    co_await pool.apply_async(touch_ends, t);  // the worker maps each once
+    co_await pool.apply_async(touch_ends_fp, f);
+    for (auto _ : state) {
+      if (torch_tensor)
+        benchmark::DoNotOptimize((co_await pool.apply_async(touch_ends, t)).data_ptr());
+      else
+        benchmark::DoNotOptimize((co_await pool.apply_async(touch_ends_fp, f)).raw_data());
+    }
+  };
+  fp::run(body());
+  state.SetLabel(std::to_string(state.range(0) >> 10) + " KiB " + (torch_tensor ? "torch::Tensor" : "fp::Tensor"));
+}
+BENCHMARK(BM_TorchTensorRoundTrip)->ArgsProduct({{4 << 10, 1 << 20}, {1, 0}})->UseRealTime();
+
+// The DataLoader pattern with torch::Tensor batches: 2 workers each build a new float32 batch in
+// shared memory per index (fp::torch::empty, filled), the parent consumes them in order.
+std::int64_t g_batch_floats = 0;
+at::Tensor build_batch(std::int64_t index) {
+  at::Tensor t = fp::torch::empty({g_batch_floats}, at::kFloat);
+  std::fill_n(t.data_ptr<float>(), g_batch_floats, static_cast<float>(index));
+  return t;
+}
+
+void BM_TorchDataLoader(benchmark::State& state) {
+  g_batch_floats = state.range(0) / 4;
+  fp::Pool pool({.processes = 2});
+  std::int64_t batches = 0;
+  std::int64_t per_iteration = state.range(0) >= (8 << 20) ? 100 : 500;
+  auto body = [&]() -> fp::Task<void> {
+    fp::Stream<at::Tensor> warm = pool.imap(build_batch, std::views::iota(std::int64_t{0}, std::int64_t{20}));
+    while (co_await warm.next()) {}
+    for (auto _ : state) {
+      fp::Stream<at::Tensor> stream = pool.imap(build_batch, std::views::iota(std::int64_t{0}, per_iteration));
+      std::int64_t expected = 0;
+      while (std::optional<at::Tensor> b = co_await stream.next()) {
+        if (b->numel() != g_batch_floats || b->data_ptr<float>()[g_batch_floats - 1] != static_cast<float>(expected))
+          state.SkipWithError("a batch out of order or not filled");
+        ++expected;
+        ++batches;
+      }
+    }
+  };
+  fp::run(body());
+  state.SetItemsProcessed(batches);
+  state.SetLabel(std::to_string(state.range(0) >> 10) + " KiB torch::Tensor");
+}
+BENCHMARK(BM_TorchDataLoader)->Arg(64 << 10)->Arg(1 << 20)->Arg(12 << 20)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();
