@@ -112,7 +112,6 @@ class PoolCoreImpl final : public PoolCore, public WorkerEvents, public std::ena
   void replenish();
   // Sends queued jobs to workers with room, and publishes them unless sends are held.
   void dispatch();
-  void send_queued();
   void flush_workers() noexcept;
   std::shared_ptr<PoolWorker> pick_worker();
   void retire_if_idle(PoolWorker& worker);
@@ -229,6 +228,7 @@ void PoolCoreImpl::launch_workers(int count) {
       if (launches[i].error) std::rethrow_exception(launches[i].error);
       std::shared_ptr<PoolWorker>& worker = workers[i];
       worker->set_process(std::move(launches[i].process));
+      worker->schedule.window = kJobsPerWorker;
       workers_.push_back(worker);
       // The sharing strategy of now: a worker from a fork server started earlier has that one's.
       std::int64_t spin = options_.spin ? options_.spin->count() : -1;
@@ -284,7 +284,7 @@ void PoolCoreImpl::replenish() {
 
 std::size_t PoolCoreImpl::jobs_wanted() const noexcept {
   std::size_t wanted = 0;
-  for (const auto& w : workers_) wanted += std::max(w->schedule.window, kJobsPerWorker);
+  for (const auto& w : workers_) wanted += w->schedule.window;
   return std::max(wanted, kJobsPerWorker * static_cast<std::size_t>(processes_));
 }
 
@@ -292,22 +292,17 @@ std::shared_ptr<PoolWorker> PoolCoreImpl::pick_worker() {
   std::shared_ptr<PoolWorker> best;
   for (auto& w : workers_) {
     if (w->schedule.retiring || w->write_closed() || w->failure() || w->exited()) continue;
-    if (w->in_flight().size() >= std::max(w->schedule.window, kJobsPerWorker)) continue;
+    if (w->in_flight().size() >= w->schedule.window) continue;
     if (!best || w->in_flight().size() < best->in_flight().size()) best = w;
   }
   return best;
-}
-
-void PoolCoreImpl::dispatch() {
-  send_queued();
-  if (sends_held_ == 0) flush_workers();
 }
 
 void PoolCoreImpl::flush_workers() noexcept {
   for (auto& w : workers_) w->flush();
 }
 
-void PoolCoreImpl::send_queued() {
+void PoolCoreImpl::dispatch() {
   if (terminated_) return;
   while (!queue_.empty()) {
     if (queue_.front()->sink->abandoned()) {
@@ -325,6 +320,7 @@ void PoolCoreImpl::send_queued() {
   }
   if (closed_)
     for (auto& w : workers_) retire_if_idle(*w);
+  if (sends_held_ == 0) flush_workers();  // held: release_sends() publishes
 }
 
 void PoolCoreImpl::retire_if_idle(PoolWorker& worker) {
@@ -338,8 +334,7 @@ void PoolCoreImpl::job_finished(PoolWorker& worker, bool served) {
     WorkerSchedule& schedule = worker.schedule;
     Clock::time_point now = Clock::now();
     bool short_job = now - schedule.running_since < kShortJob;
-    schedule.window =
-        short_job ? std::min(2 * std::max(schedule.window, kJobsPerWorker), kMaxJobsPerWorker) : kJobsPerWorker;
+    schedule.window = short_job ? std::min(2 * schedule.window, kMaxJobsPerWorker) : kJobsPerWorker;
     if (!worker.in_flight().empty()) schedule.running_since = now;  // it has taken up the next
   }
   dispatch();  // after close(), this also retires the worker once it is idle

@@ -51,6 +51,15 @@ void each_object(F f) {
       &f);
 }
 
+// The object loaded here under `path` ("" for the main program), or nothing.
+std::optional<LoadedObject> loaded_object_named(const std::string& path) {
+  std::optional<LoadedObject> here;
+  each_object([&](const dl_phdr_info& info) {
+    if (!here && path == (info.dlpi_name ? info.dlpi_name : "")) here = describe(info);
+  });
+  return here;
+}
+
 }  // namespace
 
 std::vector<LoadedObject> loaded_objects() {
@@ -86,10 +95,7 @@ void ObjectTranslation::load(const LoadedObject& parents) {
   bool main_program = parents.path.empty();
   // RTLD_NODELETE: a function we resolved stays valid for the worker's life.
   if (main_program || dlopen(parents.path.c_str(), RTLD_NOW | RTLD_NODELETE)) {
-    std::optional<LoadedObject> here;
-    each_object([&](const dl_phdr_info& info) {
-      if (!here && parents.path == (info.dlpi_name ? info.dlpi_name : "")) here = describe(info);
-    });
+    std::optional<LoadedObject> here = loaded_object_named(parents.path);
     if (!here) {
       entry.error = "it was loaded but not found among the loaded objects";
     } else if (here->build_id != parents.build_id) {
@@ -123,10 +129,9 @@ std::optional<CodeAddress> code_address_of(std::uintptr_t address) {
 }
 
 std::optional<std::uintptr_t> loaded_address(const CodeAddress& code) {
-  for (const LoadedObject& object : loaded_objects())
-    if (object.path == code.path && object.build_id == code.build_id && code.offset < object.size)
-      return object.base + code.offset;
-  return std::nullopt;
+  std::optional<LoadedObject> here = loaded_object_named(code.path);
+  if (!here || here->build_id != code.build_id || code.offset >= here->size) return std::nullopt;
+  return here->base + code.offset;
 }
 
 }  // namespace forkpool::detail

@@ -75,7 +75,7 @@ struct WorkerSchedule {
   Clock::time_point running_since;  // when its oldest job in flight started (task_timeout)
   std::uint64_t stopped_job = 0;    // killed by us to stop this job (cancel, task_timeout)
   std::exception_ptr stop_reason;   // why, when the job is still wanted (TimeoutError)
-  std::size_t window = 0;           // jobs it may hold at once (the core's choice)
+  std::size_t window = 0;           // jobs it may hold at once (the core sets it when it starts)
 };
 
 class PoolWorker : public std::enable_shared_from_this<PoolWorker> {
