@@ -210,15 +210,18 @@ if tensor:
         if threads:
             ratio.append(f"{r / threads:.2f}x libtorch's thread DataLoader ({threads:.0f}/s; target >= 1)")
         row(f"tensor: DataLoader pattern, {label.split()[0]} KiB batches", f"{r:.0f} batches/s", "; ".join(ratio))
-        loader_class = tensor.get(f"BM_DataLoaderClass/{size}/real_time")
-        if loader_class:
+        for prefetch in (2, 16):
+            loader_class = tensor.get(f"BM_DataLoaderClass/{size}/{prefetch}/real_time")
+            if not loader_class:
+                continue
             c = loader_class["items_per_second"]
-            ratio = [f"{c / r:.2f}x the imap pattern"]
+            ratio = [f"{c / r:.2f}x the imap pattern" + ("" if prefetch == 2 else " (target >= 0.95)")]
             if torch:
                 ratio.append(f"{c / torch:.1f}x torch DataLoader")
             if threads:
                 ratio.append(f"{c / threads:.2f}x libtorch's thread DataLoader")
-            row(f"tensor: forkpool::DataLoader, {label.split()[0]} KiB batches", f"{c:.0f} batches/s", "; ".join(ratio))
+            row(f"tensor: forkpool::DataLoader, {label.split()[0]} KiB batches, prefetch_factor {prefetch}",
+                f"{c:.0f} batches/s", "; ".join(ratio))
 
 if torch_bench:
     for size, label in [(4 << 10, "4 KiB"), (1 << 20, "1024 KiB")]:

@@ -291,6 +291,28 @@ TEST(DataLoaderTest, PrefetchFactorBoundsTheBatchesMadeAheadOfTheConsumer) {
   EXPECT_GE(most_ahead, 1);
 }
 
+// Counts the samples started, and makes them at once.
+struct CountedNumbers {
+  std::size_t size() const { return 100; }
+  int get(std::size_t index) const {
+    test_support::shared_across_forks<Started>().count.fetch_add(1);
+    return static_cast<int>(index);
+  }
+};
+
+// As torch's: taking a batch frees its place at once, so the workers keep the whole window
+// (num_workers × prefetch_factor) going while the consumer works on the batch it holds.
+TEST(DataLoaderTest, TakingABatchLetsTheWorkersStartTheNextOneBeforeTheConsumerAsksAgain) {
+  test_support::shared_across_forks<Started>().count.store(0);
+  DataLoader loader(CountedNumbers{}, {.batch_size = 1, .num_workers = 2, .prefetch_factor = 3});
+  Stream<std::vector<int>> epoch = loader.epoch();
+  ASSERT_EQ(*run(epoch.next()), std::vector<int>{0});
+  auto started = [] { return test_support::shared_across_forks<Started>().count.load(); };
+  EXPECT_TRUE(test_support::eventually([&] { return started() == 7; })) << started() << " samples started";
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(started(), 7) << "1 taken + 2 workers × 3 ahead";
+}
+
 TEST(DataLoaderTest, AConsumerThatBreaksOutEarlyLeavesNoWorkerBehind) {
   {
     DataLoader loader(Numbers{1000}, {.batch_size = 2, .num_workers = 2});

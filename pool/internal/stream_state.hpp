@@ -55,6 +55,7 @@ class StreamState : public JobSink {
       self->fill_window();
       if (std::optional<Outcome> outcome = self->take_ready()) {
         --self->in_flight_;
+        self->fill_window();  // its place in the window is free again (bound_unconsumed)
         self->current_.clear();
         self->position_ = 0;
         if (outcome->error) std::rethrow_exception(outcome->error);
