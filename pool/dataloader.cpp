@@ -52,7 +52,7 @@ void copy_elements(const Tensor& t, std::byte* out) {
 
 }  // namespace
 
-void check_loader_options(const DataLoaderOptions& options) {
+void check_loader_options(const DataLoaderOptions& options, bool iterable) {
   auto refuse = [](const char* what) {
     throw std::invalid_argument(std::string("forkpool: DataLoaderOptions::") + what);
   };
@@ -62,6 +62,10 @@ void check_loader_options(const DataLoaderOptions& options) {
   if (options.timeout < std::chrono::nanoseconds::zero()) refuse("timeout must be >= 0");
   if (options.world_size < 1) refuse("world_size must be >= 1");
   if (options.rank < 0 || options.rank >= options.world_size) refuse("rank must be in [0, world_size)");
+  // As torch's: an iterable dataset has no sampler; it shuffles and splits by rank itself.
+  if (iterable && options.shuffle) refuse("shuffle needs a dataset with size() and get(index), not an iterable one");
+  if (iterable && options.world_size > 1)
+    refuse("world_size needs a dataset with size() and get(index); an iterable one reads its rank's share itself");
 }
 
 std::uint64_t loader_seed(const DataLoaderOptions& options) {
@@ -108,6 +112,30 @@ std::vector<std::vector<std::uint64_t>> epoch_batches(std::size_t dataset_size, 
 void throw_sample_error(std::uint64_t index) {
   auto [type, message] = describe_current_exception();
   throw DescribedException(type, "sample " + std::to_string(index) + ": " + message);
+}
+
+void throw_shard_error(int worker, std::uint64_t batch) {
+  auto [type, message] = describe_current_exception();
+  std::string who = worker >= 0 ? "worker " + std::to_string(worker) + ", " : std::string();
+  throw DescribedException(type, who + "batch " + std::to_string(batch) + " of its shard: " + message);
+}
+
+void throw_shard_out_of_step(std::uint64_t asked, std::uint64_t at) {
+  throw std::logic_error("forkpool: DataLoader: a worker was asked for batch " + std::to_string(asked) +
+                         " of its shard but stands at batch " + std::to_string(at) +
+                         " (a replacement cannot resume a lost worker's shard)");
+}
+
+bool lost_its_worker(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const WorkerLost&) {
+    return true;
+  } catch (const TimeoutError&) {
+    return true;
+  } catch (...) {
+    return false;
+  }
 }
 
 std::exception_ptr as_remote_error() {

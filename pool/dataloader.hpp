@@ -11,6 +11,13 @@
 //     for (Tensor& batch : loader) train(batch);     // plain code: one epoch per loop
 //   // in a coroutine: Stream<Tensor> s = loader.epoch(); while (auto b = co_await s.next()) ...
 //
+// An iterable dataset (torch's IterableDataset) is a range instead: each worker calls its begin()
+// and reads its own shard, told which by worker_info(); batches come from the workers in turn.
+//
+//   struct Lines {                                   // every num_workers-th line, from id on
+//     auto begin() const;  auto end() const;         // a range of samples
+//   };
+//
 // The dataset reaches the workers as torch's does on Linux: they are forked from the calling
 // process when an epoch starts (once, with persistent_workers), and find it there. A DataLoader
 // belongs to the thread that made it, as a Pool does, and must outlive its epochs' streams.
@@ -22,6 +29,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <ranges>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -57,15 +65,45 @@ struct DataLoaderOptions {
 
 namespace detail {
 
+// A map-style dataset: size() and get(index), batches of indices from a sampler.
 template <class Dataset>
-using SampleOf = std::remove_cvref_t<decltype(std::declval<Dataset&>().get(std::size_t{}))>;
+concept MapStyleDataset = requires(Dataset& dataset, std::size_t index) {
+  dataset.size();
+  dataset.get(index);
+};
+// An iterable dataset: a range each worker reads its shard of (worker_info() says which).
+template <class Dataset>
+concept IterableDataset = !MapStyleDataset<Dataset> && std::ranges::input_range<Dataset&>;
+
+template <class Dataset>
+struct SampleType {
+  using type = std::ranges::range_value_t<Dataset&>;
+};
+template <MapStyleDataset Dataset>
+struct SampleType<Dataset> {
+  using type = std::remove_cvref_t<decltype(std::declval<Dataset&>().get(std::size_t{}))>;
+};
+template <class Dataset>
+using SampleOf = typename SampleType<Dataset>::type;
+
+// Where a process's shard of an iterable dataset stands in its current epoch.
+template <class Dataset>
+struct ShardCursor {};  // a map-style dataset has none
+template <IterableDataset Dataset>
+struct ShardCursor<Dataset> {
+  std::uint64_t epoch = ~std::uint64_t{0};
+  std::uint64_t next_batch = 0;  // the batch the parent asks for next
+  bool ended = false;
+  std::optional<std::ranges::iterator_t<Dataset&>> at;
+};
 
 // Tensors stack into one batch tensor; other samples make a vector.
 template <class Sample>
 using DefaultBatch = std::conditional_t<std::is_same_v<Sample, Tensor>, Tensor, std::vector<Sample>>;
 
-// Throws std::invalid_argument naming the option that is out of range.
-void check_loader_options(const DataLoaderOptions& options);
+// Throws std::invalid_argument naming the option that is out of range (or, for an iterable
+// dataset, that needs a sampler: shuffle, world_size).
+void check_loader_options(const DataLoaderOptions& options, bool iterable);
 // The seed of a loader's permutations: options.seed, else random (a fixed one across ranks).
 std::uint64_t loader_seed(const DataLoaderOptions& options);
 // The sampler and the batching: the indices of every batch of epoch `epoch` for options.rank
@@ -81,6 +119,14 @@ Tensor stack(const std::vector<Tensor>& samples);
 // Inside a catch block: the sample `index`'s error, as it crosses to the consumer (its type
 // name kept, "sample N: " before its message).
 [[noreturn]] void throw_sample_error(std::uint64_t index);
+// Inside a catch block: the error of batch `batch` of an iterable dataset's shard, read by
+// worker `worker` (-1: the calling process), kept as throw_sample_error keeps it.
+[[noreturn]] void throw_shard_error(int worker, std::uint64_t batch);
+// A worker asked for batch `asked` of its shard while it stands at `at`: it is a replacement,
+// and a shard cannot resume where a lost worker left it.
+[[noreturn]] void throw_shard_out_of_step(std::uint64_t asked, std::uint64_t at);
+// Whether `error` says the worker is gone (WorkerLost, or TimeoutError: it was stopped).
+bool lost_its_worker(const std::exception_ptr& error);
 // Inside a catch block, in the calling process (num_workers 0): the error a worker's would have
 // become, RemoteError, for a sample's error; the error itself otherwise.
 std::exception_ptr as_remote_error();
@@ -108,25 +154,36 @@ class DataLoader {
                       DataLoaderOptions options = {}) requires std::is_same_v<Batch, detail::DefaultBatch<Sample>>
       : DataLoader(std::move(dataset), std::move(options), &detail::default_collate<Sample>) {}
   DataLoader(Dataset dataset, DataLoaderOptions options, Collate collate)
-      : shared_(std::make_shared<Shared>(Shared{std::move(dataset), collate, options.worker_init})),
+      : shared_(std::make_shared<Shared>(
+            Shared{std::move(dataset), collate, options.worker_init, options.batch_size, options.drop_last})),
         options_(std::move(options)) {
-    detail::check_loader_options(options_);
+    detail::check_loader_options(options_, kIterable);
     seed_ = detail::loader_seed(options_);
   }
 
-  // Batches per epoch (of this rank's share).
-  std::size_t size() const { return detail::batches_per_epoch(shared_->dataset.size(), options_); }
+  // Batches per epoch (of this rank's share). An iterable dataset's count is known only at its end.
+  std::size_t size() const requires detail::MapStyleDataset<Dataset> {
+    return detail::batches_per_epoch(shared_->dataset.size(), options_);
+  }
   Dataset& dataset() noexcept { return shared_->dataset; }
 
   // The next epoch, in coroutines: co_await next() gives batches, empty at the end. A sample
   // whose get() threw fails its batch with RemoteError (the thrown type; "sample N: " and its
   // message); the epoch goes on after it. Work starts at the call. Without persistent_workers,
   // a new epoch ends the workers of the one before.
+  //
+  // An iterable dataset: worker w's batches are the batch_size-sized runs of its shard (the
+  // last one short unless drop_last), handed out in turn (worker 0's first, worker 1's first,
+  // ...; a worker whose shard ended drops out), as torch's. An error thrown while reading a
+  // shard fails that batch ("worker W, batch B of its shard: " and its message) and ends the
+  // shard, as an exception ends a Python generator. A worker lost mid-epoch fails one batch with WorkerLost and its
+  // shard ends there (its replacement reads the shard afresh in the next epoch).
   Stream<Batch> epoch() {
-    std::vector<std::vector<std::uint64_t>> batches =
-        detail::epoch_batches(shared_->dataset.size(), options_, seed_, epochs_++);
+    std::uint64_t epoch = epochs_++;
+    std::vector<std::vector<std::uint64_t>> batches;
+    if constexpr (!kIterable) batches = detail::epoch_batches(shared_->dataset.size(), options_, seed_, epoch);
     if (options_.num_workers == 0) {
-      auto state = std::make_shared<InProcessEpoch>(shared_, std::move(batches));
+      auto state = std::make_shared<InProcessEpoch>(shared_, std::move(batches), epoch);
       state->start();
       return Stream<Batch>(std::move(state));
     }
@@ -135,7 +192,13 @@ class DataLoader {
       pool_ = std::make_unique<Pool>(pool_options());
     }
     auto window = static_cast<std::size_t>(options_.num_workers) * static_cast<std::size_t>(options_.prefetch_factor);
-    return pool_->make_stream(&load, std::move(batches), 1, options_.in_order, window, /*bound_unconsumed=*/true);
+    if constexpr (kIterable) {
+      auto state = std::make_shared<ShardedEpoch>(pool_->core_, options_.num_workers, epoch, window, options_.in_order);
+      state->start();
+      return Stream<Batch>(std::move(state));
+    } else {
+      return pool_->make_stream(&load, std::move(batches), 1, options_.in_order, window, /*bound_unconsumed=*/true);
+    }
   }
 
   // The next epoch, in plain code: for (Batch& batch : loader) ...
@@ -181,10 +244,16 @@ class DataLoader {
   std::default_sentinel_t end() const noexcept { return {}; }
 
  private:
+  static constexpr bool kIterable = detail::IterableDataset<Dataset>;
+
+  using ShardCursor = detail::ShardCursor<Dataset>;
   struct Shared {
     Dataset dataset;
     Collate collate;
     std::function<void(int)> worker_init;
+    std::size_t batch_size;
+    bool drop_last;
+    ShardCursor cursor = {};  // an iterable dataset's, in each worker (or the caller: num_workers 0)
   };
 
   // Set in each worker by the pool's initializer: the dataset it was forked with.
@@ -204,6 +273,39 @@ class DataLoader {
   }
   static Batch load(std::vector<std::uint64_t> indices) { return make_batch(*in_worker, indices); }
 
+  // Batch `batch` of this process's shard in epoch `epoch`: empty once the shard has ended.
+  static std::optional<Batch> next_of_shard(Shared& shared, std::uint64_t epoch, std::uint64_t batch) {
+    ShardCursor& cursor = shared.cursor;
+    if (cursor.epoch != epoch) {
+      cursor = ShardCursor{};
+      cursor.epoch = epoch;
+      cursor.at.emplace(std::ranges::begin(shared.dataset));  // the user's begin() picks the shard
+    }
+    if (cursor.ended) return std::nullopt;
+    if (batch != cursor.next_batch) detail::throw_shard_out_of_step(batch, cursor.next_batch);
+    ++cursor.next_batch;
+    std::vector<Sample> samples;
+    samples.reserve(shared.batch_size);
+    try {
+      auto end = std::ranges::end(shared.dataset);
+      while (samples.size() < shared.batch_size && *cursor.at != end) {
+        samples.push_back(**cursor.at);
+        ++*cursor.at;
+      }
+    } catch (...) {
+      cursor.ended = true;  // where the iterator stands is unknown: the shard ends, as a generator's
+      std::optional<WorkerInfo> info = worker_info();
+      detail::throw_shard_error(info ? info->id : -1, batch);
+    }
+    if (samples.size() < shared.batch_size) cursor.ended = true;
+    if (samples.empty() || (cursor.ended && shared.drop_last)) return std::nullopt;
+    return shared.collate(std::move(samples));
+  }
+  using ShardRequest = std::pair<std::uint64_t, std::uint64_t>;  // epoch, batch of the shard
+  static std::optional<Batch> load_from_shard(ShardRequest request) {
+    return next_of_shard(*in_worker, request.first, request.second);
+  }
+
   PoolOptions pool_options() const {
     return {.processes = options_.num_workers,
             .initializer =
@@ -216,29 +318,117 @@ class DataLoader {
             .seed = seed_};
   }
 
-  // num_workers 0: each batch made when the consumer asks for it, errors as a worker's.
+  // num_workers 0: each batch made when the consumer asks for it, errors as a worker's. An
+  // iterable dataset is read whole (worker_info() is empty here, as in torch).
   class InProcessEpoch final : public detail::StreamState<Batch> {
    public:
-    InProcessEpoch(std::shared_ptr<Shared> shared, std::vector<std::vector<std::uint64_t>> batches)
+    InProcessEpoch(std::shared_ptr<Shared> shared, std::vector<std::vector<std::uint64_t>> batches, std::uint64_t epoch)
         : detail::StreamState<Batch>(/*ordered=*/true, /*window=*/1),
           shared_(std::move(shared)),
-          batches_(std::move(batches)) {
-      this->set_known_total(batches_.size());
+          batches_(std::move(batches)),
+          epoch_(epoch) {
+      if constexpr (!kIterable) this->set_known_total(batches_.size());
     }
 
    private:
     bool submit_chunk(std::size_t index) override {
-      if (index >= batches_.size()) return false;
-      this->record_chunk_size(index, 1);
+      std::optional<Batch> batch;
+      std::exception_ptr error;
       try {
-        this->deliver(index, make_batch(*shared_, batches_[index]));
+        if constexpr (kIterable) {
+          batch = next_of_shard(*shared_, epoch_, index);
+        } else if (index < batches_.size()) {
+          batch = make_batch(*shared_, batches_[index]);
+        }
+        if (!batch) return false;
       } catch (...) {
-        this->chunk_failed(index, detail::as_remote_error());
+        error = detail::as_remote_error();
+      }
+      this->record_chunk_size(index, 1);
+      if (error) {
+        this->chunk_failed(index, std::move(error));
+      } else {
+        this->deliver(index, std::move(*batch));
       }
       return true;
     }
     std::shared_ptr<Shared> shared_;
     std::vector<std::vector<std::uint64_t>> batches_;
+    std::uint64_t epoch_;
+  };
+
+  // An iterable dataset's epoch on the workers: batch requests go to each worker's own shard in
+  // turn (pinned to it: the worker holds the shard's iterator), at most `window` unconsumed.
+  class ShardedEpoch final : public detail::StreamState<Batch> {
+   public:
+    ShardedEpoch(std::shared_ptr<detail::PoolCore> core, int workers, std::uint64_t epoch, std::size_t window,
+                 bool ordered)
+        : detail::StreamState<Batch>(ordered, window, /*bound_unconsumed=*/true),
+          core_(std::move(core)),
+          shards_(static_cast<std::size_t>(workers)),
+          epoch_(epoch) {
+      core_->stream_opened();
+    }
+    ~ShardedEpoch() override { end_input(); }
+    void hold_submits() override { core_->hold_sends(); }
+    void release_submits() override { core_->release_sends(); }
+
+    void chunk_done(std::size_t chunk, const detail::ElementRange& range, Reader& results) override {
+      std::optional<Batch> batch;
+      detail::read_results<std::optional<Batch>>(results, range, 1,
+                                                 [&](std::size_t, std::optional<Batch>&& b) { batch = std::move(b); });
+      if (batch) return this->deliver(chunk, std::move(*batch));
+      shard_of(chunk).ended = true;
+      this->skip(chunk);
+    }
+    void chunk_failed(std::size_t chunk, std::exception_ptr error) override {
+      Shard& shard = shard_of(chunk);
+      if (detail::lost_its_worker(error)) {
+        // Its other requests fail with it: the consumer hears of the loss once.
+        if (std::exchange(shard.lost, true)) return this->skip(chunk);
+        shard.ended = true;
+      }
+      detail::StreamState<Batch>::chunk_failed(chunk, std::move(error));
+    }
+
+   private:
+    struct Shard {
+      std::uint64_t requested = 0;  // batches of it asked for
+      bool ended = false;
+      bool lost = false;
+    };
+    Shard& shard_of(std::size_t chunk) { return shards_[static_cast<std::size_t>(worker_of_chunk_.at(chunk))]; }
+
+    bool submit_chunk(std::size_t index) override {
+      if (core_->terminated()) throw PoolTerminated();
+      for (std::size_t tried = 0; tried < shards_.size(); ++tried) {
+        auto worker = static_cast<int>(turn_++ % shards_.size());
+        Shard& shard = shards_[static_cast<std::size_t>(worker)];
+        if (shard.ended) continue;
+        ShardRequest request{epoch_, shard.requested++};
+        const ShardRequest* at = &request;
+        auto job = detail::make_job<decltype(&load_from_shard), ShardRequest, false>(
+            &load_from_shard, at, &request + 1, 1, this->shared_from_this(), index);
+        job->pinned_worker = worker;
+        this->record_chunk_size(index, 1);
+        worker_of_chunk_.push_back(worker);
+        core_->submit_for_stream(std::move(job));
+        return true;
+      }
+      end_input();  // every shard has ended
+      return false;
+    }
+    void end_input() {
+      if (open_) core_->stream_closed();
+      open_ = false;
+    }
+
+    bool open_ = true;
+    std::shared_ptr<detail::PoolCore> core_;
+    std::vector<Shard> shards_;
+    std::vector<int> worker_of_chunk_;  // chunks are numbered from 0 in submission order
+    std::size_t turn_ = 0;
+    std::uint64_t epoch_;
   };
 
   std::shared_ptr<Shared> shared_;

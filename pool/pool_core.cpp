@@ -113,7 +113,8 @@ class PoolCoreImpl final : public PoolCore, public WorkerEvents, public std::ena
   // Sends queued jobs to workers with room, and publishes them unless sends are held.
   void dispatch();
   void flush_workers() noexcept;
-  std::shared_ptr<PoolWorker> pick_worker();
+  // The live worker to send `job` to now: its pinned one, else the least busy with room.
+  std::shared_ptr<PoolWorker> pick_worker(const Job& job);
   void retire_if_idle(PoolWorker& worker);
   void fail_queue(const std::exception_ptr& error);
   void stop_running_job(PoolWorker& worker, std::uint64_t id, std::exception_ptr reason);
@@ -288,10 +289,15 @@ std::size_t PoolCoreImpl::jobs_wanted() const noexcept {
   return std::max(wanted, kJobsPerWorker * static_cast<std::size_t>(processes_));
 }
 
-std::shared_ptr<PoolWorker> PoolCoreImpl::pick_worker() {
+std::shared_ptr<PoolWorker> PoolCoreImpl::pick_worker(const Job& job) {
   std::shared_ptr<PoolWorker> best;
   for (auto& w : workers_) {
     if (w->schedule.retiring || w->write_closed() || w->failure() || w->exited()) continue;
+    // A pinned job's stream bounds what it sends (its prefetch), not the worker's window.
+    if (job.pinned_worker >= 0) {
+      if (w->index() == job.pinned_worker) return w;
+      continue;
+    }
     if (w->in_flight().size() >= w->schedule.window) continue;
     if (!best || w->in_flight().size() < best->in_flight().size()) best = w;
   }
@@ -309,7 +315,7 @@ void PoolCoreImpl::dispatch() {
       queue_.pop_front();  // its map has failed: nobody wants what it would compute
       continue;
     }
-    std::shared_ptr<PoolWorker> worker = pick_worker();
+    std::shared_ptr<PoolWorker> worker = pick_worker(*queue_.front());
     if (!worker) break;
     std::shared_ptr<Job> job = std::move(queue_.front());
     queue_.pop_front();
@@ -349,19 +355,25 @@ struct PoolCoreImpl::Death {
   bool slot_forged;
 };
 
+namespace {
+// The error of a job that died with `worker`.
+std::exception_ptr lost_with(const PoolWorker& worker) {
+  return std::make_exception_ptr(WorkerLost(worker.pid(), worker.status().exit_code, worker.status().signal));
+}
+}  // namespace
+
 // The fate of job `id` (in flight on `death.worker`), in order of precedence.
 PoolCoreImpl::Verdict PoolCoreImpl::fate_of(const Death& death, std::uint64_t id, Job& job) const {
   const PoolWorker& worker = death.worker;
   const WorkerSchedule& schedule = worker.schedule;
-  auto lost = [&] {
-    return std::make_exception_ptr(WorkerLost(worker.pid(), worker.status().exit_code, worker.status().signal));
-  };
+  auto lost = [&] { return lost_with(worker); };
   if (terminated_) return {Fate::fail, std::make_exception_ptr(PoolTerminated())};
   // A Process (or a rank) is its worker: its end is the task's, whether it took the task up or not.
   if (jobs_die_with_worker_) return {Fate::fail, lost()};
   if (id == schedule.stopped_job && schedule.stop_reason)
     return {Fate::fail, schedule.stop_reason};  // task_timeout: not retried
   if (job.sink->abandoned()) return {Fate::drop, nullptr};
+  if (job.pinned_worker >= 0) return {Fate::fail, lost()};  // what it needs died with the worker
   bool never_started = id > death.last_taken && !death.slot_forged;
   if (never_started && job.free_requeues < kMaxFreeRequeues) {
     ++job.free_requeues;
@@ -406,6 +418,12 @@ void PoolCoreImpl::worker_gone(const std::shared_ptr<PoolWorker>& worker) {
     }
   }
   worker->in_flight().clear();
+  // Jobs pinned to it and not sent yet are lost with it too: its replacement starts afresh.
+  std::erase_if(queue_, [&](const std::shared_ptr<Job>& job) {
+    if (job->pinned_worker != worker->index()) return false;
+    failed.emplace_back(job, lost_with(*worker));
+    return true;
+  });
   queue_.insert(queue_.begin(), requeued.begin(), requeued.end());
   if (broken_ && workers_.empty()) fail_queue(broken_);
 

@@ -1,6 +1,7 @@
 // DataLoader: torch's DataLoader on real forked workers, and streams in blocking range-for.
 
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -261,6 +262,151 @@ TEST(DataLoaderTest, OptionsOutOfRangeAreRefusedNamingTheField) {
   EXPECT_NE(refused({.num_workers = -1}).find("num_workers"), std::string::npos);
   EXPECT_NE(refused({.prefetch_factor = 0}).find("prefetch_factor"), std::string::npos);
   EXPECT_NE(refused({.rank = 2, .world_size = 2}).find("rank"), std::string::npos);
+}
+
+// An iterable dataset: 0..n-1, each worker reading every num_workers-th number from its id on
+// (torch's IterableDataset recipe with get_worker_info()); the whole range outside workers.
+// Reading `fails_at` throws; reading `kills_at` kills the worker; worker `slow_worker` takes
+// 20 ms a number.
+struct Counting {
+  int n;
+  int fails_at = -1;
+  int kills_at = -1;
+  int slow_worker = -1;
+  struct Iterator {
+    using value_type = int;
+    using difference_type = std::ptrdiff_t;
+    const Counting* dataset = nullptr;
+    int at = 0, step = 1;
+    int operator*() const {
+      if (at == dataset->fails_at) throw std::runtime_error("unreadable record " + std::to_string(at));
+      if (at == dataset->kills_at) ::raise(SIGKILL);
+      if (step > 1 && at % step == dataset->slow_worker) std::this_thread::sleep_for(20ms);
+      return at;
+    }
+    Iterator& operator++() {
+      at += step;
+      return *this;
+    }
+    void operator++(int) { ++*this; }
+    bool operator==(std::default_sentinel_t) const { return at >= dataset->n; }
+  };
+  Iterator begin() const {
+    std::optional<WorkerInfo> info = worker_info();
+    return info ? Iterator{this, info->id, info->num_workers} : Iterator{this, 0, 1};
+  }
+  std::default_sentinel_t end() const { return {}; }
+};
+
+template <class Loader>
+std::vector<std::vector<int>> all_batches(Loader& loader) {
+  std::vector<std::vector<int>> batches;
+  for (std::vector<int>& batch : loader) batches.push_back(batch);
+  return batches;
+}
+
+TEST(IterableDatasetTest, EachWorkerReadsItsOwnShardAndTheirBatchesComeInTurn) {
+  DataLoader loader(Counting{10}, {.batch_size = 2, .num_workers = 2});
+  // Worker 0 reads 0 2 4 6 8, worker 1 reads 1 3 5 7 9; as torch's, worker 0's first batch,
+  // then worker 1's first, and so on.
+  EXPECT_EQ(all_batches(loader), (std::vector<std::vector<int>>{{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8}, {9}}));
+}
+
+TEST(IterableDatasetTest, ASlowWorkersBatchesStillComeFromItsOwnShardInTurn) {
+  // Worker 1 is idle while worker 0 reads; still only worker 0 may read worker 0's shard.
+  DataLoader loader(Counting{12, -1, -1, /*slow_worker=*/0}, {.batch_size = 2, .num_workers = 2});
+  EXPECT_EQ(all_batches(loader), (std::vector<std::vector<int>>{{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10}, {9, 11}}));
+}
+
+TEST(IterableDatasetTest, AShardThatEndsFirstDropsOutAndDropLastDropsEachShardsShortBatch) {
+  DataLoader uneven(Counting{7}, {.batch_size = 2, .num_workers = 2});
+  EXPECT_EQ(all_batches(uneven), (std::vector<std::vector<int>>{{0, 2}, {1, 3}, {4, 6}, {5}}));
+  DataLoader dropping(Counting{7}, {.batch_size = 2, .drop_last = true, .num_workers = 2});
+  EXPECT_EQ(all_batches(dropping), (std::vector<std::vector<int>>{{0, 2}, {1, 3}, {4, 6}}));
+}
+
+TEST(IterableDatasetTest, PersistentWorkersReadTheirShardsAfreshEachEpoch) {
+  DataLoader loader(Counting{9}, {.batch_size = 3, .num_workers = 3, .persistent_workers = true});
+  auto first = all_batches(loader);
+  EXPECT_EQ(first, (std::vector<std::vector<int>>{{0, 3, 6}, {1, 4, 7}, {2, 5, 8}}));
+  EXPECT_EQ(all_batches(loader), first);
+}
+
+TEST(IterableDatasetTest, NumWorkersZeroReadsTheWholeDatasetHere) {
+  DataLoader loader(Counting{5}, {.batch_size = 2, .num_workers = 0});
+  EXPECT_EQ(all_batches(loader), (std::vector<std::vector<int>>{{0, 1}, {2, 3}, {4}}));
+  EXPECT_EQ(all_batches(loader), (std::vector<std::vector<int>>{{0, 1}, {2, 3}, {4}}));
+}
+
+TEST(IterableDatasetTest, OutOfOrderBatchesAllArrive) {
+  DataLoader loader(Counting{40}, {.batch_size = 3, .num_workers = 2, .in_order = false});
+  std::vector<int> all;
+  for (std::vector<int>& batch : loader) all.insert(all.end(), batch.begin(), batch.end());
+  std::sort(all.begin(), all.end());
+  std::vector<int> expected(40);
+  std::iota(expected.begin(), expected.end(), 0);
+  EXPECT_EQ(all, expected);
+}
+
+TEST(IterableDatasetTest, AReadThatThrowsFailsItsBatchNamingWorkerAndBatchAndEndsThatShardOnly) {
+  for (int workers : {0, 2}) {
+    // Worker 1 reads 1 3 5 7 9: 7 is in its batch 1. Alone, 7 is in batch 3.
+    DataLoader loader(Counting{10, /*fails_at=*/7}, {.batch_size = 2, .num_workers = workers});
+    Stream<std::vector<int>> epoch = loader.epoch();
+    std::vector<int> got;
+    std::vector<std::string> errors;
+    for (;;) {
+      try {
+        std::optional<std::vector<int>> batch = run(epoch.next());
+        if (!batch) break;
+        got.insert(got.end(), batch->begin(), batch->end());
+      } catch (const RemoteError& e) {
+        errors.push_back(e.what());
+      }
+    }
+    ASSERT_EQ(errors.size(), 1u) << workers << " workers";
+    EXPECT_NE(errors[0].find(workers ? "worker 1, batch 1 of its shard" : "batch 3 of its shard"), std::string::npos)
+        << errors[0];
+    EXPECT_NE(errors[0].find("unreadable record 7"), std::string::npos) << errors[0];
+    EXPECT_NE(errors[0].find("runtime_error"), std::string::npos) << errors[0];
+    std::sort(got.begin(), got.end());
+    // The shard ends at the error (where its iterator stands is unknown); the others finish.
+    std::vector<int> expected = workers ? std::vector<int>{0, 1, 2, 3, 4, 6, 8} : std::vector<int>{0, 1, 2, 3, 4, 5};
+    EXPECT_EQ(got, expected) << workers << " workers";
+  }
+}
+
+TEST(IterableDatasetTest, AWorkerKilledMidShardFailsOneBatchAndTheOtherShardsFinish) {
+  // Worker 1 reads 1 3 5 7 9 ...: it dies reading 9, in its batch 2.
+  DataLoader loader(Counting{20, -1, /*kills_at=*/9}, {.batch_size = 2, .num_workers = 2});
+  Stream<std::vector<int>> epoch = loader.epoch();
+  std::vector<int> got;
+  int lost = 0;
+  for (;;) {
+    try {
+      std::optional<std::vector<int>> batch = run(epoch.next());
+      if (!batch) break;
+      got.insert(got.end(), batch->begin(), batch->end());
+    } catch (const WorkerLost&) {
+      ++lost;
+    }
+  }
+  EXPECT_EQ(lost, 1);
+  std::sort(got.begin(), got.end());
+  EXPECT_EQ(got, (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 18}));
+}
+
+TEST(IterableDatasetTest, OptionsThatNeedASamplerAreRefused) {
+  auto refused = [](DataLoaderOptions options) {
+    try {
+      DataLoader loader(Counting{4}, options);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(refused({.shuffle = true}).find("shuffle"), std::string::npos);
+  EXPECT_NE(refused({.world_size = 2}).find("world_size"), std::string::npos);
 }
 
 // How many samples the workers have started making, counted across processes.

@@ -41,8 +41,11 @@ struct Job {
   OutgoingBlocks blocks;    // the arguments' tensors: held until the result is decoded
   Attachments attachments;  // descriptors the arguments carry otherwise
   ElementRange range;       // the elements of the chunk this job runs
-  int attempts = 0;         // runs lost with a dying worker so far
-  int free_requeues = 0;    // times its worker died before (by the worker's word) taking it up
+  // >= 0: only the worker of this id runs it, and it is lost with that worker, never run again
+  // (a DataLoader's iterable shard: the worker holds the shard's iterator).
+  int pinned_worker = -1;
+  int attempts = 0;       // runs lost with a dying worker so far
+  int free_requeues = 0;  // times its worker died before (by the worker's word) taking it up
   // A part of a chunk sent again after its worker died (job_part()): the job it came from,
   // whose blocks and attachments it uses.
   std::shared_ptr<Job> whole;

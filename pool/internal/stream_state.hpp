@@ -119,6 +119,10 @@ class StreamState : public JobSink {
     outcome.values.push_back(std::move(value));
     arrive(chunk, std::move(outcome));
   }
+  // Chunk `chunk` arrives with nothing to hand out (an iterable shard that had ended).
+  void skip(std::size_t chunk) {
+    if (awaited(chunk)) arrive(chunk, Outcome{});
+  }
 
  private:
   struct Outcome {
