@@ -620,6 +620,150 @@ TEST(AsyncWaitTest, LockBarrierAndConditionWaitOnTheLoop) {
   EXPECT_TRUE(notifier.join(10s));
 }
 
+// ---- CPython's _test_multiprocessing.py, translated line by line (a thread in CPython's
+// tests is a process here; DELTA is CPython's 0.1 s; each wait that could hang has a bound).
+
+constexpr auto kDelta = 100ms;
+
+// _TestSemaphore._test_semaphore: Python's sem.acquire(False) is try_acquire().
+void cpython_test_semaphore(Semaphore& sem) {
+  EXPECT_EQ(sem.value(), 2);
+  sem.acquire();
+  EXPECT_EQ(sem.value(), 1);
+  sem.acquire();
+  EXPECT_EQ(sem.value(), 0);
+  EXPECT_FALSE(sem.try_acquire());
+  EXPECT_EQ(sem.value(), 0);
+  sem.release();
+  EXPECT_EQ(sem.value(), 1);
+  sem.release();
+  EXPECT_EQ(sem.value(), 2);
+}
+
+TEST(CPythonSemaphoreTest, TestSemaphore) {
+  Semaphore sem(2);
+  cpython_test_semaphore(sem);
+  sem.release();
+  EXPECT_EQ(sem.value(), 3);
+  sem.release();
+  EXPECT_EQ(sem.value(), 4);
+}
+
+TEST(CPythonSemaphoreTest, TestBoundedSemaphore) {
+  BoundedSemaphore sem(2);
+  cpython_test_semaphore(sem);
+  // CPython leaves this part commented out ("Currently fails on OS/X"); it holds here.
+  EXPECT_THROW(sem.release(), std::logic_error);
+  EXPECT_EQ(sem.value(), 2);
+}
+
+// _TestCondition.f
+void cpython_condition_f(Condition cond, Semaphore sleeping, Semaphore woken) {
+  std::unique_lock held(cond.get_lock());
+  sleeping.release();
+  cond.wait_for(held, 20s);  // CPython: cond.wait(timeout=None)
+  woken.release();
+}
+
+// _TestCondition.test_notify, the thread a second process.
+TEST_P(SyncTest, CPythonConditionTestNotify) {
+  Condition cond;
+  Semaphore sleeping(0), woken(0);
+  Process p = start_process(options(), cpython_condition_f, cond, sleeping, woken);
+  Process t = start_process(options(), cpython_condition_f, cond, sleeping, woken);
+  // wait for both children to start sleeping
+  ASSERT_TRUE(sleeping.acquire(20s));
+  ASSERT_TRUE(sleeping.acquire(20s));
+  // check no process/thread has woken up
+  std::this_thread::sleep_for(kDelta);
+  EXPECT_EQ(woken.value(), 0);
+  // wake up one process/thread
+  {
+    std::unique_lock held(cond.get_lock());
+    cond.notify();
+  }
+  // check one process/thread has woken up
+  std::this_thread::sleep_for(kDelta);
+  EXPECT_EQ(woken.value(), 1);
+  // wake up another
+  {
+    std::unique_lock held(cond.get_lock());
+    cond.notify();
+  }
+  // check other has woken up
+  std::this_thread::sleep_for(kDelta);
+  EXPECT_EQ(woken.value(), 2);
+  // check state is not mucked up (check_invariant: the lock is free)
+  EXPECT_FALSE(cond.get_lock().locked());
+  EXPECT_TRUE(p.join(20s));
+  EXPECT_TRUE(t.join(20s));
+}
+
+// _TestCondition.test_notify_n: CPython starts 3 processes and 3 threads; 6 processes here.
+TEST_P(SyncTest, CPythonConditionTestNotifyN) {
+  Condition cond;
+  Semaphore sleeping(0), woken(0);
+  std::vector<Process> children;
+  for (int i = 0; i < 6; ++i) children.push_back(start_process(options(), cpython_condition_f, cond, sleeping, woken));
+  // wait for them to all sleep
+  for (int i = 0; i < 6; ++i) ASSERT_TRUE(sleeping.acquire(20s));
+  // check no process/thread has woken up
+  std::this_thread::sleep_for(kDelta);
+  EXPECT_EQ(woken.value(), 0);
+  // wake some of them up
+  {
+    std::unique_lock held(cond.get_lock());
+    cond.notify(2);
+  }
+  // check 2 have woken
+  EXPECT_TRUE(test_support::eventually([&] { return woken.value() == 2; }, 10s)) << woken.value();
+  // wake the rest of them
+  {
+    std::unique_lock held(cond.get_lock());
+    cond.notify(4);
+  }
+  EXPECT_TRUE(test_support::eventually([&] { return woken.value() == 6; }, 10s)) << woken.value();
+  // doesn't do anything more
+  {
+    std::unique_lock held(cond.get_lock());
+    cond.notify(3);
+  }
+  std::this_thread::sleep_for(kDelta);
+  EXPECT_EQ(woken.value(), 6);
+  EXPECT_FALSE(cond.get_lock().locked());
+  for (Process& child : children) EXPECT_TRUE(child.join(20s));
+}
+
+// _TestCondition._test_waitfor_f: exits 1 if the wait did not see state 4.
+void cpython_waitfor_f(Condition cond, Value<int> state) {
+  std::unique_lock held(cond.get_lock());
+  state.store(0);
+  cond.notify();
+  bool result = cond.wait_for(held, 20s, [&] { return state.load() == 4; });
+  if (!result || state.load() != 4) std::_Exit(1);
+}
+
+// _TestCondition.test_waitfor
+TEST_P(SyncTest, CPythonConditionTestWaitfor) {
+  Condition cond;
+  Value<int> state(-1);
+  Process p = start_process(options(), cpython_waitfor_f, cond, state);
+  {
+    std::unique_lock held(cond.get_lock());
+    bool result = cond.wait_for(held, 20s, [&] { return state.load() == 0; });
+    EXPECT_TRUE(result);
+    EXPECT_EQ(state.load(), 0);
+  }
+  for (int i = 0; i < 4; ++i) {
+    std::this_thread::sleep_for(10ms);
+    std::unique_lock held(cond.get_lock());
+    state.store(state.load() + 1);
+    cond.notify();
+  }
+  ASSERT_TRUE(p.join(30s));
+  EXPECT_EQ(p.exitcode(), std::optional<int>(0));
+}
+
 INSTANTIATE_TEST_SUITE_P(StartMethods, SyncTest, test_support::all_start_methods(), test_support::start_method_name);
 
 }  // namespace
