@@ -11,6 +11,7 @@
 #include <system_error>
 #include <mutex>
 #include <set>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -762,6 +763,100 @@ TEST_P(SyncTest, CPythonConditionTestWaitfor) {
   }
   ASSERT_TRUE(p.join(30s));
   EXPECT_EQ(p.exitcode(), std::optional<int>(0));
+}
+
+// _TestQueue.test_qsize
+TEST(CPythonQueueTest, TestQsize) {
+  Queue<int> q;
+  EXPECT_EQ(q.qsize(), 0u);
+  q.put(1);
+  EXPECT_EQ(q.qsize(), 1u);
+  q.put(5);
+  EXPECT_EQ(q.qsize(), 2u);
+  q.get();
+  EXPECT_EQ(q.qsize(), 1u);
+  q.get();
+  EXPECT_EQ(q.qsize(), 0u);
+}
+
+// _TestQueue._test_task_done: `for obj in iter(q.get, None)`, None being -1 here.
+// (`done`, forkpool's addition, counts what was done before task_done().)
+void cpython_task_done_f(JoinableQueue<int> q, Value<int> done) {
+  while (q.get() != -1) {
+    std::this_thread::sleep_for(kDelta);
+    std::lock_guard held(done.get_lock());
+    done.store(done.load() + 1);
+    q.task_done();
+  }
+}
+
+// _TestQueue.test_task_done
+TEST_P(SyncTest, CPythonQueueTestTaskDone) {
+  JoinableQueue<int> queue;
+  Value<int> done(0);
+  std::vector<Process> workers;
+  for (int i = 0; i < 4; ++i) workers.push_back(start_process(options(), cpython_task_done_f, queue, done));
+  for (int i = 0; i < 10; ++i) queue.put(i);
+  EXPECT_TRUE(queue.join(30s));
+  EXPECT_EQ(done.load(), 10);  // join() came back only when every item was done
+  for (std::size_t i = 0; i < workers.size(); ++i) queue.put(-1);
+  for (Process& p : workers) EXPECT_TRUE(p.join(20s));
+}
+
+// _TestValue.codes_values, one Value per type code ('i', 'd', 'h', 'q', 'c'): the child
+// stores each third column.
+void cpython_value_f(Value<int> i, Value<double> d, Value<std::int16_t> h, Value<std::int64_t> q, Value<char> c) {
+  i.store(24234);
+  d.store(-4.25);
+  h.store(234);
+  q.store(std::int64_t{1} << 34);
+  c.store('y');
+}
+
+// _TestValue.test_value
+TEST_P(SyncTest, CPythonValueTestValue) {
+  Value<int> i(4343);
+  Value<double> d(3.625);
+  Value<std::int16_t> h(-232);
+  Value<std::int64_t> q(std::int64_t{1} << 33);
+  Value<char> c('x');
+  EXPECT_EQ(i.load(), 4343);
+  EXPECT_EQ(d.load(), 3.625);
+  EXPECT_EQ(h.load(), -232);
+  EXPECT_EQ(q.load(), std::int64_t{1} << 33);
+  EXPECT_EQ(c.load(), 'x');
+  Process proc = start_process(options(), cpython_value_f, i, d, h, q, c);
+  ASSERT_TRUE(proc.join(20s));
+  EXPECT_EQ(i.load(), 24234);
+  EXPECT_EQ(d.load(), -4.25);
+  EXPECT_EQ(h.load(), 234);
+  EXPECT_EQ(q.load(), std::int64_t{1} << 34);
+  EXPECT_EQ(c.load(), 'y');
+}
+
+// _TestArray.f: running sums, in place. Over a std::vector here, over an Array in the child.
+void cpython_array_f(Array<int> seq) {
+  for (std::size_t i = 1; i < seq.size(); ++i) seq.store(i, seq.load(i) + seq.load(i - 1));
+}
+
+// _TestArray.test_array
+TEST_P(SyncTest, CPythonArrayTestArray) {
+  std::vector<int> seq{680, 626, 934, 821, 150, 233, 548, 982, 714, 831};
+  Array<int> arr{std::span<const int>(seq)};
+  EXPECT_EQ(arr.size(), seq.size());
+  EXPECT_EQ(arr.load(3), seq[3]);
+  std::vector<int> slice = arr.to_vector();
+  EXPECT_EQ(std::vector<int>(slice.begin() + 2, slice.begin() + 7), std::vector<int>(seq.begin() + 2, seq.begin() + 7));
+  // arr[4:8] = seq[4:8] = array.array('i', [1, 2, 3, 4])
+  for (int k = 0; k < 4; ++k) {
+    seq[4 + static_cast<std::size_t>(k)] = k + 1;
+    arr.store(4 + static_cast<std::size_t>(k), k + 1);
+  }
+  EXPECT_EQ(arr.to_vector(), seq);
+  for (std::size_t i = 1; i < seq.size(); ++i) seq[i] += seq[i - 1];  // self.f(seq)
+  Process p = start_process(options(), cpython_array_f, arr);
+  ASSERT_TRUE(p.join(20s));
+  EXPECT_EQ(arr.to_vector(), seq);
 }
 
 INSTANTIATE_TEST_SUITE_P(StartMethods, SyncTest, test_support::all_start_methods(), test_support::start_method_name);
