@@ -222,6 +222,11 @@ if tensor:
                 ratio.append(f"{c / threads:.2f}x libtorch's thread DataLoader")
             row(f"tensor: forkpool::DataLoader, {label.split()[0]} KiB batches, prefetch_factor {prefetch}",
                 f"{c:.0f} batches/s", "; ".join(ratio))
+            iterable = tensor.get(f"BM_IterableDataLoader/{size}/{prefetch}/real_time")
+            if iterable:
+                i = iterable["items_per_second"]
+                row(f"tensor: forkpool::DataLoader over an iterable dataset, {label.split()[0]} KiB, "
+                    f"prefetch_factor {prefetch}", f"{i:.0f} batches/s", f"{i / c:.2f}x the map-style loader")
 
 if torch_bench:
     for size, label in [(4 << 10, "4 KiB"), (1 << 20, "1024 KiB")]:

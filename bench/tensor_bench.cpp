@@ -141,15 +141,41 @@ struct BatchDataset {
 };
 fp::Tensor the_only_sample(std::vector<fp::Tensor> samples) { return std::move(samples.front()); }
 
-void BM_DataLoaderClass(benchmark::State& state) {
+// The same batches from an iterable dataset (torch's IterableDataset): worker w reads batches
+// w, w + num_workers, ...; they come in turn, so the consumer sees them in order. Against
+// BM_DataLoaderClass it shows what pinning each request to its shard's worker costs.
+struct BatchStream {
+  std::int64_t batches;
+  struct Iterator {
+    using value_type = fp::Tensor;
+    using difference_type = std::ptrdiff_t;
+    std::int64_t at, step, end;
+    fp::Tensor operator*() const { return build_batch(at); }
+    Iterator& operator++() {
+      at += step;
+      return *this;
+    }
+    void operator++(int) { ++*this; }
+    bool operator==(std::default_sentinel_t) const { return at >= end; }
+  };
+  Iterator begin() const {
+    std::optional<fp::WorkerInfo> info = fp::worker_info();
+    return info ? Iterator{info->id, info->num_workers, batches} : Iterator{0, 1, batches};
+  }
+  std::default_sentinel_t end() const { return {}; }
+};
+
+// Args: batch bytes, prefetch_factor.
+template <class Dataset>
+void run_loader(benchmark::State& state, const char* what) {
   g_batch_floats = state.range(0) / 4;
   std::int64_t per_epoch = state.range(0) >= (8 << 20) ? 100 : 500;
-  fp::DataLoader<BatchDataset> loader(BatchDataset{per_epoch},
-                                      {.batch_size = 1,
-                                       .num_workers = 2,
-                                       .prefetch_factor = static_cast<int>(state.range(1)),
-                                       .persistent_workers = true},
-                                      &the_only_sample);
+  fp::DataLoader<Dataset> loader(Dataset{per_epoch},
+                                 {.batch_size = 1,
+                                  .num_workers = 2,
+                                  .prefetch_factor = static_cast<int>(state.range(1)),
+                                  .persistent_workers = true},
+                                 &the_only_sample);
   std::int64_t batches = 0;
   auto body = [&]() -> fp::Task<void> {
     fp::Stream<fp::Tensor> warm = loader.epoch();  // each worker makes its slabs once
@@ -167,10 +193,20 @@ void BM_DataLoaderClass(benchmark::State& state) {
   };
   fp::run(body());
   state.SetItemsProcessed(batches);
-  state.SetLabel(std::to_string(state.range(0) >> 10) + " KiB, forkpool::DataLoader, prefetch_factor " +
+  state.SetLabel(std::to_string(state.range(0) >> 10) + " KiB, " + what + ", prefetch_factor " +
                  std::to_string(state.range(1)));
 }
+
+void BM_DataLoaderClass(benchmark::State& state) { run_loader<BatchDataset>(state, "forkpool::DataLoader"); }
 BENCHMARK(BM_DataLoaderClass)
+    ->ArgsProduct({{64 << 10, 1 << 20, 12 << 20}, {2, 16}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
+void BM_IterableDataLoader(benchmark::State& state) {
+  run_loader<BatchStream>(state, "forkpool::DataLoader over an iterable dataset");
+}
+BENCHMARK(BM_IterableDataLoader)
     ->ArgsProduct({{64 << 10, 1 << 20, 12 << 20}, {2, 16}})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
