@@ -322,6 +322,39 @@ if queue:
         ratio = f"{rate / (py * unit):.1f}x the Python peer ({py * unit:,.0f}/s){target}" if py else ""
         row(label, f"{rate:,.0f}/s", ratio)
 
+    def trip_us(name):
+        b = queue.get(name)
+        return ns(b) / 1e3 if b else None
+
+    for pipe, over_queue, label, pattern in (
+            ("BM_PipeRoundTrip64B/real_time", "BM_QueueRoundTrip64B/real_time", "pipe: 64 B round trip",
+             r"multiprocessing.Pipe round trip 64 B: ([\d.]+) us"),
+            ("BM_PipeRoundTripTensor1MiB/real_time", "BM_QueueRoundTripTensor1MiB/real_time",
+             "pipe: 1 MiB tensor round trip", r"Pipe round trip 1 MiB tensor: ([\d.]+) us")):
+        us, queue_us = trip_us(pipe), trip_us(over_queue)
+        if not us:
+            continue
+        ratio = []
+        if queue_us:
+            ratio.append(f"{queue_us / us:.2f}x faster than a pair of Queues ({queue_us:.1f} us)")
+        py = python_figure("py_queue.txt", pattern)
+        if py:
+            ratio.append(f"{py / us:.1f}x faster than Python's Pipe ({py:.1f} us)")
+        row(label, f"{us:.1f} us", "; ".join(ratio))
+    socket_us, futex_us = trip_us("BM_RawSocketpairPingPong64B/real_time"), trip_us(
+        "BM_RawSpinThenFutexPingPong/0/real_time")
+    for name, label in (("BM_SemaphoreHandOff/real_time", "semaphore: hand-off there and back"),
+                        ("BM_ConditionHandOff/real_time", "condition: hand-off there and back")):
+        us = trip_us(name)
+        if not us:
+            continue
+        ratio = []
+        if socket_us:
+            ratio.append(f"{us / socket_us:.2f}x the socket ping-pong ({socket_us:.1f} us)")
+        if futex_us:
+            ratio.append(f"{us / futex_us:.1f}x the spin-then-futex ping-pong ({futex_us:.2f} us)")
+        row(label, f"{us:.1f} us", "; ".join(ratio))
+
 if mpi:
     trip = mpi.get("BM_MpiApplyAsyncRoundTrip/real_time")
     if trip:

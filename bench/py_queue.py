@@ -1,6 +1,7 @@
-"""Peers of bench/queue_bench.cpp: torch.multiprocessing.Queue (tensors shared, as torch does)
-and multiprocessing.Lock, on the same patterns. A producer process puts N items when told to;
-the parent gets them. Fork start method, median of 3 runs."""
+"""Peers of bench/queue_bench.cpp: torch.multiprocessing.Queue and Pipe (tensors shared, as
+torch does), multiprocessing.Lock and Pipe, on the same patterns. A producer process puts N
+items when told to; the parent gets them. A Pipe's echo process sends back what it gets. Fork
+start method, median of 3 runs."""
 import statistics, time
 import multiprocessing as mp
 
@@ -57,6 +58,34 @@ def lock_loop(lock, n):
         lock.release()
 
 
+def pipe_echo(conn):
+    while True:
+        item = conn.recv()
+        if item is None:
+            return
+        conn.send(item)
+
+
+def pipe_round_trip_us(ctx, item, n):
+    """One item to an echo process and back over ctx.Pipe(): median of 3 runs, in µs."""
+    here, there = ctx.Pipe()
+    p = ctx.Process(target=pipe_echo, args=(there,))
+    p.start()
+    for _ in range(100):
+        here.send(item)
+        here.recv()
+    runs = []
+    for _ in range(3):
+        t = time.perf_counter()
+        for _ in range(n):
+            here.send(item)
+            here.recv()
+        runs.append((time.perf_counter() - t) / n * 1e6)
+    here.send(None)
+    p.join()
+    return statistics.median(runs)
+
+
 def lock_rates(ctx, n=200000):
     lock = ctx.Lock()
     t = time.perf_counter()
@@ -78,6 +107,11 @@ if __name__ == "__main__":
         tctx = tmp.get_context("fork")
         print(f"torch.multiprocessing.Queue 64 KiB tensors: {rate(tctx, make_tensor_64k, 1000):.0f} items/s")
         print(f"torch.multiprocessing.Queue 1 MiB tensors: {rate(tctx, make_tensor_1m, 300):.0f} items/s")
+    print(f"multiprocessing.Pipe round trip 64 B: {pipe_round_trip_us(ctx, bytes(64), 5000):.1f} us")
+    if torch is not None:
+        t = torch.zeros(262144)
+        t.share_memory_()
+        print(f"torch.multiprocessing.Pipe round trip 1 MiB tensor: {pipe_round_trip_us(tctx, t, 1000):.1f} us")
     alone, contended = lock_rates(ctx)
     print(f"multiprocessing.Lock uncontended: {alone / 1e3:.0f} k pairs/s")
     print(f"multiprocessing.Lock contended by 2 processes: {contended / 1e3:.0f} k pairs/s")

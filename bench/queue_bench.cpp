@@ -1,9 +1,16 @@
-// Queue and Lock across processes, against bench/py_queue.py (torch.multiprocessing.Queue,
-// multiprocessing.Lock) in the same run: the same patterns.
+// Queue, Lock, Pipe, Semaphore and Condition across processes, against bench/py_queue.py
+// (torch.multiprocessing.Queue and Pipe, multiprocessing.Lock and Pipe) and the machine's
+// round-trip anchors (raw_pingpong.hpp), in the same run: the same patterns.
 
 #include <benchmark/benchmark.h>
 
+#include <array>
+#include <cstdint>
+#include <mutex>
+
 #include <forkpool/forkpool.hpp>
+
+#include "raw_pingpong.hpp"
 
 namespace fp = forkpool;
 
@@ -77,6 +84,129 @@ void BM_LockContendedByTwoProcesses(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * 2 * kPairs);
 }
 BENCHMARK(BM_LockContendedByTwoProcesses)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// ---- One item there and back: a Pipe against a pair of Queues (64 bytes, and a 1 MiB tensor
+// that crosses as shared memory), and hand-offs on two Semaphores and on a Condition, against
+// the anchors registered below. The echo process stops at `stop`.
+
+using Bytes64 = std::array<std::uint8_t, 64>;
+bool is_stop(const Bytes64& bytes) { return bytes[0] == 1; }
+bool is_stop(const fp::Tensor& tensor) { return tensor.numel() == 0; }
+
+template <class T>
+void pipe_echo(fp::Connection<T> end) {
+  for (T item = end.recv(); !is_stop(item); item = end.recv()) end.send(item);
+}
+
+template <class T>
+void queue_echo(fp::Queue<T> in, fp::Queue<T> out) {
+  for (T item = in.get(); !is_stop(item); item = in.get()) out.put(item);
+}
+
+template <class T>
+void pipe_round_trip(benchmark::State& state, const T& item, const T& stop) {
+  auto [here, there] = fp::Pipe<T>();
+  fp::Process echo = fp::start_process(pipe_echo<T>, there);
+  for (auto _ : state) {
+    here.send(item);
+    benchmark::DoNotOptimize(here.recv());
+  }
+  here.send(stop);
+  echo.join();
+  state.SetItemsProcessed(state.iterations());
+}
+
+template <class T>
+void queue_round_trip(benchmark::State& state, const T& item, const T& stop) {
+  fp::Queue<T> there, back;
+  fp::Process echo = fp::start_process(queue_echo<T>, there, back);
+  for (auto _ : state) {
+    there.put(item);
+    benchmark::DoNotOptimize(back.get());
+  }
+  there.put(stop);
+  echo.join();
+  state.SetItemsProcessed(state.iterations());
+}
+
+Bytes64 stop_bytes() {
+  Bytes64 stop{};
+  stop[0] = 1;
+  return stop;
+}
+fp::Tensor tensor_1mib() { return fp::Tensor::zeros({262144}, fp::DType::f32); }
+fp::Tensor stop_tensor() { return fp::Tensor::empty({0}, fp::DType::f32); }
+
+void BM_PipeRoundTrip64B(benchmark::State& state) { pipe_round_trip(state, Bytes64{}, stop_bytes()); }
+BENCHMARK(BM_PipeRoundTrip64B)->UseRealTime();
+
+void BM_QueueRoundTrip64B(benchmark::State& state) { queue_round_trip(state, Bytes64{}, stop_bytes()); }
+BENCHMARK(BM_QueueRoundTrip64B)->UseRealTime();
+
+void BM_PipeRoundTripTensor1MiB(benchmark::State& state) { pipe_round_trip(state, tensor_1mib(), stop_tensor()); }
+BENCHMARK(BM_PipeRoundTripTensor1MiB)->UseRealTime();
+
+void BM_QueueRoundTripTensor1MiB(benchmark::State& state) { queue_round_trip(state, tensor_1mib(), stop_tensor()); }
+BENCHMARK(BM_QueueRoundTripTensor1MiB)->UseRealTime();
+
+// The other process gives `pong` back for each `ping` until `stop` is set.
+void semaphore_echo(fp::Semaphore ping, fp::Semaphore pong, fp::Value<int> stop) {
+  for (;;) {
+    ping.acquire();
+    if (stop.load() != 0) return;
+    pong.release();
+  }
+}
+
+void BM_SemaphoreHandOff(benchmark::State& state) {
+  fp::Semaphore ping(0), pong(0);
+  fp::Value<int> stop(0);
+  fp::Process echo = fp::start_process(semaphore_echo, ping, pong, stop);
+  for (auto _ : state) {
+    ping.release();
+    pong.acquire();
+  }
+  stop.store(1);
+  ping.release();
+  echo.join();
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_SemaphoreHandOff)->UseRealTime();
+
+// `turn` 1: the other process's turn (it sets 0 and notifies); -1: it ends.
+void condition_echo(fp::Condition condition, fp::Value<int> turn) {
+  std::unique_lock held(condition.get_lock());
+  for (;;) {
+    condition.wait(held, [&] { return turn.load() != 0; });
+    if (turn.load() < 0) return;
+    turn.store(0);
+    condition.notify();
+  }
+}
+
+void BM_ConditionHandOff(benchmark::State& state) {
+  fp::Condition condition;
+  fp::Value<int> turn(0);
+  fp::Process echo = fp::start_process(condition_echo, condition, turn);
+  for (auto _ : state) {
+    std::unique_lock held(condition.get_lock());
+    turn.store(1);
+    condition.notify();
+    condition.wait(held, [&] { return turn.load() == 0; });
+  }
+  {
+    std::unique_lock held(condition.get_lock());
+    turn.store(-1);
+    condition.notify();
+  }
+  echo.join();
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_ConditionHandOff)->UseRealTime();
+
+// The machine's anchors, in this binary: a blocking socket ping-pong, and a spin-then-futex one.
+BENCHMARK(BM_RawSocketpairPingPong64B)->UseRealTime();
+BENCHMARK(BM_RawSpinThenFutexPingPong)->Arg(0)->UseRealTime();
 
 }  // namespace
 

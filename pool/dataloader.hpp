@@ -176,8 +176,8 @@ class DataLoader {
   // last one short unless drop_last), handed out in turn (worker 0's first, worker 1's first,
   // ...; a worker whose shard ended drops out), as torch's. An error thrown while reading a
   // shard fails that batch ("worker W, batch B of its shard: " and its message) and ends the
-  // shard, as an exception ends a Python generator. A worker lost mid-epoch fails one batch with WorkerLost and its
-  // shard ends there (its replacement reads the shard afresh in the next epoch).
+  // shard, as an exception ends a Python generator. A worker lost mid-epoch fails one batch
+  // with WorkerLost and its shard ends there (its replacement reads it afresh next epoch).
   Stream<Batch> epoch() {
     std::uint64_t epoch = epochs_++;
     std::vector<std::vector<std::uint64_t>> batches;

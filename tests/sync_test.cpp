@@ -626,6 +626,35 @@ TEST(AsyncWaitTest, LockBarrierAndConditionWaitOnTheLoop) {
 
 constexpr auto kDelta = 100ms;
 
+// _TestLock.test_lock: acquire(False) is try_lock(); a release too many is an error.
+TEST(CPythonLockTest, TestLock) {
+  Lock lock;
+  lock.lock();
+  EXPECT_FALSE(lock.try_lock());
+  lock.unlock();
+  EXPECT_THROW(lock.unlock(), std::system_error);
+}
+
+// _TestLock.test_lock_context: `with self.Lock(): pass`
+TEST(CPythonLockTest, TestLockContext) {
+  Lock lock;
+  { std::lock_guard held(lock); }
+  EXPECT_TRUE(lock.try_lock());  // forkpool's addition: the guard let it go
+  lock.unlock();
+}
+
+// _TestLock.test_rlock
+TEST(CPythonLockTest, TestRlock) {
+  RLock lock;
+  lock.lock();
+  lock.lock();
+  lock.lock();
+  lock.unlock();
+  lock.unlock();
+  lock.unlock();
+  EXPECT_THROW(lock.unlock(), std::system_error);
+}
+
 // _TestSemaphore._test_semaphore: Python's sem.acquire(False) is try_acquire().
 void cpython_test_semaphore(Semaphore& sem) {
   EXPECT_EQ(sem.value(), 2);
@@ -857,6 +886,47 @@ TEST_P(SyncTest, CPythonArrayTestArray) {
   Process p = start_process(options(), cpython_array_f, arr);
   ASSERT_TRUE(p.join(20s));
   EXPECT_EQ(arr.to_vector(), seq);
+}
+
+// _TestConnection._echo: `for msg in iter(conn.recv_bytes, SENTINEL): conn.send_bytes(msg)`,
+// SENTINEL being b''.
+void cpython_connection_echo(Connection<std::string> conn) {
+  for (std::string msg = conn.recv(); !msg.empty(); msg = conn.recv()) conn.send(msg);
+  conn.close();
+}
+
+// _TestConnection.test_connection, for a Pipe<std::string>: CPython's pickled values (seq, an
+// array, None) become strings; recv_bytes_into has no counterpart; poll(-1) is left out.
+TEST_P(SyncTest, CPythonConnectionTestConnection) {
+  auto [conn, child_conn] = Pipe<std::string>();
+  Process p = start_process(options(), cpython_connection_echo, child_conn);
+  std::string msg = "hello world";
+  std::string longmsg;
+  for (int i = 0; i < 10; ++i) longmsg += msg;
+  conn.send(msg);
+  EXPECT_EQ(conn.recv(), msg);
+  conn.send(longmsg);
+  EXPECT_EQ(conn.recv(), longmsg);
+  using Clock = std::chrono::steady_clock;
+  auto began = Clock::now();
+  EXPECT_FALSE(conn.poll());
+  EXPECT_LT(Clock::now() - began, kDelta);  // assertTimingAlmostEqual(poll.elapsed, 0)
+  began = Clock::now();
+  EXPECT_FALSE(conn.poll(kDelta));  // TIMEOUT1
+  EXPECT_GE(Clock::now() - began, kDelta);
+  conn.send("None");
+  std::this_thread::sleep_for(kDelta);
+  began = Clock::now();
+  EXPECT_TRUE(conn.poll(kDelta));
+  EXPECT_LT(Clock::now() - began, kDelta);
+  EXPECT_EQ(conn.recv(), "None");
+  std::string really_big_msg(16 << 20, 'X');  // 16Mb
+  conn.send(really_big_msg);
+  EXPECT_EQ(conn.recv(), really_big_msg);
+  conn.send("");  // tell child to quit
+  child_conn.close();
+  ASSERT_TRUE(p.join(20s));
+  EXPECT_THROW(conn.recv(), detail::ChannelClosed);  // EOFError
 }
 
 INSTANTIATE_TEST_SUITE_P(StartMethods, SyncTest, test_support::all_start_methods(), test_support::start_method_name);
