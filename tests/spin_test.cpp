@@ -88,7 +88,13 @@ TEST(Batching, ShortJobsWidenAWorkersWindowAndALongOneNarrowsItToTwo) {
     results.back().add_done_callback([&](AsyncResult<int>&) { widest = std::max(widest, core.jobs_wanted()); });
   }
   for (int i = 0; i < 5000; ++i) ASSERT_EQ(results[i].get(30s), i);
+#if !defined(__SANITIZE_ADDRESS__)
+  // Under ASan, on a loaded machine, a trivial job's turn can pass kShortJob (20 µs): the window
+  // then rightly stays narrow (seen once in CI), so there only the narrowing below is checked.
   EXPECT_GT(widest, 2u) << "5000 trivial jobs and the window never widened";
+#else
+  (void)widest;
+#endif
   EXPECT_EQ(pool.apply_async(nap, 30).get(30s), 30);
   EXPECT_EQ(core.jobs_wanted(), 2u) << "a 30 ms job left the window wide";
 }
