@@ -35,6 +35,7 @@
 #include <utility>
 #include <vector>
 
+#include <forkpool/pool/internal/core_stream.hpp>
 #include <forkpool/pool/internal/stream_state.hpp>
 #include <forkpool/pool/pool.hpp>
 #include <forkpool/pool/stream.hpp>
@@ -359,19 +360,13 @@ class DataLoader {
 
   // An iterable dataset's epoch on the workers: batch requests go to each worker's own shard in
   // turn (pinned to it: the worker holds the shard's iterator), at most `window` unconsumed.
-  class ShardedEpoch final : public detail::StreamState<Batch> {
+  class ShardedEpoch final : public detail::CoreStream<Batch> {
    public:
     ShardedEpoch(std::shared_ptr<detail::PoolCore> core, int workers, std::uint64_t epoch, std::size_t window,
                  bool ordered)
-        : detail::StreamState<Batch>(ordered, window, /*bound_unconsumed=*/true),
-          core_(std::move(core)),
+        : detail::CoreStream<Batch>(std::move(core), ordered, window, /*bound_unconsumed=*/true),
           shards_(static_cast<std::size_t>(workers)),
-          epoch_(epoch) {
-      core_->stream_opened();
-    }
-    ~ShardedEpoch() override { end_input(); }
-    void hold_submits() override { core_->hold_sends(); }
-    void release_submits() override { core_->release_sends(); }
+          epoch_(epoch) {}
 
     void chunk_done(std::size_t chunk, const detail::ElementRange& range, Reader& results) override {
       std::optional<Batch> batch;
@@ -400,7 +395,7 @@ class DataLoader {
     Shard& shard_of(std::size_t chunk) { return shards_[static_cast<std::size_t>(worker_of_chunk_.at(chunk))]; }
 
     bool submit_chunk(std::size_t index) override {
-      if (core_->terminated()) throw PoolTerminated();
+      if (this->core().terminated()) throw PoolTerminated();
       for (std::size_t tried = 0; tried < shards_.size(); ++tried) {
         auto worker = static_cast<int>(turn_++ % shards_.size());
         Shard& shard = shards_[static_cast<std::size_t>(worker)];
@@ -412,19 +407,13 @@ class DataLoader {
         job->pinned_worker = worker;
         this->record_chunk_size(index, 1);
         worker_of_chunk_.push_back(worker);
-        core_->submit_for_stream(std::move(job));
+        this->core().submit_for_stream(std::move(job));
         return true;
       }
-      end_input();  // every shard has ended
+      this->end_input();  // every shard has ended
       return false;
     }
-    void end_input() {
-      if (open_) core_->stream_closed();
-      open_ = false;
-    }
 
-    bool open_ = true;
-    std::shared_ptr<detail::PoolCore> core_;
     std::vector<Shard> shards_;
     std::vector<int> worker_of_chunk_;  // chunks are numbered from 0 in submission order
     std::size_t turn_ = 0;

@@ -18,6 +18,7 @@
 #include <type_traits>
 #include <vector>
 
+#include <forkpool/pool/internal/core_stream.hpp>
 #include <forkpool/pool/internal/pool_core.hpp>
 #include <forkpool/pool/internal/task_message.hpp>
 #include <forkpool/pool/pool_options.hpp>
@@ -117,35 +118,32 @@ void connect_cancel(ResultState<R>& state, const std::shared_ptr<PoolCore>& core
 }
 
 template <class F, class Element, bool Spread, class View>
-class RangeStream final : public StreamState<NonVoid<CallResult<F, Element, Spread>>> {
+class RangeStream final : public CoreStream<NonVoid<CallResult<F, Element, Spread>>> {
+  using Base = CoreStream<NonVoid<CallResult<F, Element, Spread>>>;
+
  public:
   // window 0: what the workers take (window() below; see StreamState for bound_unconsumed).
   RangeStream(std::shared_ptr<PoolCore> core, F f, View view, std::size_t chunksize, bool ordered, std::size_t window,
               bool bound_unconsumed)
-      : StreamState<NonVoid<CallResult<F, Element, Spread>>>(ordered, window, bound_unconsumed),
-        core_(std::move(core)),
+      : Base(std::move(core), ordered, window, bound_unconsumed),
         f_(f),
         view_(std::move(view)),
         it_(std::ranges::begin(view_)),
         chunksize_(std::max<std::size_t>(chunksize, 1)) {
     if constexpr (std::ranges::sized_range<View>) this->set_known_total(std::ranges::size(view_));
-    core_->stream_opened();
   }
-  ~RangeStream() override { end_input(); }
 
   // window 0: as many chunks as the workers take at once (two each; more while chunks are short).
   std::size_t window() const override {
-    std::size_t given = StreamState<NonVoid<CallResult<F, Element, Spread>>>::window();
-    return given > 0 ? given : core_->jobs_wanted();
+    std::size_t given = Base::window();
+    return given > 0 ? given : this->core().jobs_wanted();
   }
-  void hold_submits() override { core_->hold_sends(); }
-  void release_submits() override { core_->release_sends(); }
 
  private:
   bool submit_chunk(std::size_t index) override {
-    if (core_->terminated()) throw PoolTerminated();  // before reading any more input
+    if (this->core().terminated()) throw PoolTerminated();  // before reading any more input
     if (it_ == std::ranges::end(view_)) {
-      end_input();
+      this->end_input();
       return false;
     }
     try {
@@ -153,20 +151,14 @@ class RangeStream final : public StreamState<NonVoid<CallResult<F, Element, Spre
       auto job = make_job<F, Element, Spread>(f_, it_, std::ranges::end(view_), chunksize_, this->shared_from_this(),
                                               index, &count);
       this->record_chunk_size(index, count);
-      core_->submit_for_stream(std::move(job));
+      this->core().submit_for_stream(std::move(job));
       return true;
     } catch (...) {
-      end_input();  // the input (or the pool) failed: nothing more is read
+      this->end_input();  // the input (or the pool) failed: nothing more is read
       throw;
     }
   }
-  void end_input() {
-    if (open_) core_->stream_closed();
-    open_ = false;
-  }
 
-  bool open_ = true;
-  std::shared_ptr<PoolCore> core_;
   F f_;
   View view_;
   std::ranges::iterator_t<View> it_;
