@@ -396,6 +396,28 @@ TEST_P(PoolTest, ImapOverAnEndlessInputYieldsInOrder) {
   EXPECT_EQ(run(body()), expected);
 }
 
+TEST_P(PoolTest, AConsumerThatFallsBehindKeepsAtMostAWindowOfResultsUnread) {
+  Pool pool(options());
+  std::size_t read = 0;  // items of the input taken by the stream, in this process
+  auto counted = std::views::iota(0, 100'000) | std::views::transform([&read](int x) {
+                   ++read;
+                   return x;
+                 });
+  auto slow_consumer = [&]() -> Task<std::size_t> {
+    Stream<int> squares = pool.imap(square, counted);
+    EXPECT_EQ(co_await squares.next(), 0);
+    std::size_t read_at_first = read;
+    for (int i = 1; i <= 10; ++i) {
+      co_await sleep_for(20ms);  // the workers finish all they hold meanwhile
+      EXPECT_EQ(co_await squares.next(), i * i);
+    }
+    co_return read - read_at_first;
+  };
+  // Each result taken lets one more item in, plus at most a window (16 chunks per worker while
+  // tasks are short). Each slow next() used to send a whole new window (about 300 here).
+  EXPECT_LE(run(slow_consumer()), 10u + 2 * 16);
+}
+
 TEST_P(PoolTest, ImapUnorderedYieldsEveryResultOnce) {
   Pool pool(options());
   auto body = [&]() -> Task<std::multiset<int>> {
