@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <system_error>
@@ -927,6 +928,212 @@ TEST_P(SyncTest, CPythonConnectionTestConnection) {
   child_conn.close();
   ASSERT_TRUE(p.join(20s));
   EXPECT_THROW(conn.recv(), detail::ChannelClosed);  // EOFError
+}
+
+// ---- _TestBarrier: N = 5 parties, N - 1 processes and this test's thread (run_threads). The
+// barrier's defaultTimeout (30 s) is each wait's timeout here, as forkpool's Barrier takes its
+// timeout per wait (test_default_timeout has no counterpart); a shared list is its length, a
+// Value<int>. A failed check throws: a process exits non-zero, this thread fails the test.
+constexpr int kParties = 5;
+constexpr auto kBarrierTimeout = 30s;
+
+void check(bool holds, const char* what) {
+  if (!holds) throw std::logic_error(what);
+}
+// results.append(True)
+void append_true(Value<int> results) {
+  std::lock_guard held(results.get_lock());
+  results.store(results.load() + 1);
+}
+
+// _TestBarrier.run_threads: f in N - 1 processes and here; each process must exit 0.
+template <class... Args>
+void run_parties(StartMethod method, void (*f)(Args...), Args... args) {
+  std::vector<Process> others;
+  for (int i = 0; i < kParties - 1; ++i) others.push_back(start_process({.start_method = method}, f, args...));
+  f(args...);
+  for (Process& p : others) {
+    ASSERT_TRUE(p.join(60s));
+    EXPECT_EQ(p.exitcode(), std::optional<int>(0));
+  }
+}
+
+// _TestBarrier.multipass
+void cpython_multipass(Barrier barrier, Value<int> results0, Value<int> results1, int n) {
+  int m = barrier.parties();
+  check(m == kParties, "m == cls.N");
+  for (int i = 0; i < n; ++i) {
+    append_true(results0);
+    check(results1.load() == i * m, "len(results[1]) == i * m");
+    barrier.wait(kBarrierTimeout);
+    append_true(results1);
+    check(results0.load() == (i + 1) * m, "len(results[0]) == (i + 1) * m");
+    barrier.wait(kBarrierTimeout);
+  }
+  check(barrier.n_waiting() == 0, "barrier.n_waiting == 0");
+  check(!barrier.broken(), "not barrier.broken");
+}
+
+// _TestBarrier.test_barrier and test_barrier_10
+TEST_P(SyncTest, CPythonBarrierTestBarrier) {
+  for (int passes : {1, 10}) {
+    Barrier barrier(kParties);
+    Value<int> results0(0), results1(0);
+    run_parties(GetParam(), cpython_multipass, barrier, results0, results1, passes);
+  }
+}
+
+// _TestBarrier._test_wait_return_f
+void cpython_wait_return_f(Barrier barrier, Queue<int> queue) { queue.put(barrier.wait(kBarrierTimeout)); }
+
+// _TestBarrier.test_wait_return
+TEST_P(SyncTest, CPythonBarrierTestWaitReturn) {
+  Barrier barrier(kParties);
+  Queue<int> queue;
+  run_parties(GetParam(), cpython_wait_return_f, barrier, queue);
+  std::vector<int> results;
+  for (int i = 0; i < kParties; ++i) results.push_back(queue.get(20s).value_or(-1));
+  EXPECT_EQ(std::count(results.begin(), results.end(), 0), 1);
+}
+
+// _TestBarrier._test_abort_f: Python's RuntimeError is std::runtime_error here.
+void cpython_abort_f(Barrier barrier, Value<int> results1, Value<int> results2) {
+  try {
+    int i = barrier.wait(kBarrierTimeout);
+    if (i == kParties / 2) throw std::runtime_error("the party in the middle");
+    barrier.wait(kBarrierTimeout);
+    append_true(results1);
+  } catch (const BrokenBarrierError&) {
+    append_true(results2);
+  } catch (const std::runtime_error&) {
+    barrier.abort();
+  }
+}
+
+// _TestBarrier.test_abort
+TEST_P(SyncTest, CPythonBarrierTestAbort) {
+  Barrier barrier(kParties);
+  Value<int> results1(0), results2(0);
+  run_parties(GetParam(), cpython_abort_f, barrier, results1, results2);
+  EXPECT_EQ(results1.load(), 0);
+  EXPECT_EQ(results2.load(), kParties - 1);
+  EXPECT_TRUE(barrier.broken());
+}
+
+// _TestBarrier._test_reset_f (its wait for the others is bounded here).
+void cpython_reset_f(Barrier barrier, Value<int> results1, Value<int> results2, Value<int> results3) {
+  int i = barrier.wait(kBarrierTimeout);
+  if (i == kParties / 2) {
+    // Wait until the other threads are all in the barrier.
+    auto deadline = std::chrono::steady_clock::now() + kBarrierTimeout;
+    while (barrier.n_waiting() < kParties - 1) {
+      check(std::chrono::steady_clock::now() < deadline, "the others reached the barrier");
+      std::this_thread::sleep_for(1ms);
+    }
+    barrier.reset();
+  } else {
+    try {
+      barrier.wait(kBarrierTimeout);
+      append_true(results1);
+    } catch (const BrokenBarrierError&) {
+      append_true(results2);
+    }
+  }
+  // Now, pass the barrier again
+  barrier.wait(kBarrierTimeout);
+  append_true(results3);
+}
+
+// _TestBarrier.test_reset
+TEST_P(SyncTest, CPythonBarrierTestReset) {
+  Barrier barrier(kParties);
+  Value<int> results1(0), results2(0), results3(0);
+  run_parties(GetParam(), cpython_reset_f, barrier, results1, results2, results3);
+  EXPECT_EQ(results1.load(), 0);
+  EXPECT_EQ(results2.load(), kParties - 1);
+  EXPECT_EQ(results3.load(), kParties);
+}
+
+// _TestBarrier._test_abort_and_reset_f
+void cpython_abort_and_reset_f(Barrier barrier, Barrier barrier2, Value<int> results1, Value<int> results2,
+                               Value<int> results3) {
+  try {
+    int i = barrier.wait(kBarrierTimeout);
+    if (i == kParties / 2) throw std::runtime_error("the party in the middle");
+    barrier.wait(kBarrierTimeout);
+    append_true(results1);
+  } catch (const BrokenBarrierError&) {
+    append_true(results2);
+  } catch (const std::runtime_error&) {
+    barrier.abort();
+  }
+  // Synchronize and reset the barrier.  Must synchronize first so that everyone has left it
+  // when we reset, and after so that no one enters it before the reset.
+  if (barrier2.wait(kBarrierTimeout) == kParties / 2) barrier.reset();
+  barrier2.wait(kBarrierTimeout);
+  barrier.wait(kBarrierTimeout);
+  append_true(results3);
+}
+
+// _TestBarrier.test_abort_and_reset
+TEST_P(SyncTest, CPythonBarrierTestAbortAndReset) {
+  Barrier barrier(kParties);
+  Barrier barrier2(kParties);
+  Value<int> results1(0), results2(0), results3(0);
+  run_parties(GetParam(), cpython_abort_and_reset_f, barrier, barrier2, results1, results2, results3);
+  EXPECT_EQ(results1.load(), 0);
+  EXPECT_EQ(results2.load(), kParties - 1);
+  EXPECT_EQ(results3.load(), kParties);
+}
+
+// _TestBarrier._test_timeout_f
+void cpython_timeout_f(Barrier barrier, Value<int> results) {
+  int i = barrier.wait(kBarrierTimeout);
+  if (i == kParties / 2) std::this_thread::sleep_for(1s);  // One thread is late!
+  try {
+    barrier.wait(500ms);
+  } catch (const BrokenBarrierError&) {
+    append_true(results);
+  }
+}
+
+// _TestBarrier.test_timeout
+TEST_P(SyncTest, CPythonBarrierTestTimeout) {
+  Barrier barrier(kParties);
+  Value<int> results(0);
+  run_parties(GetParam(), cpython_timeout_f, barrier, results);
+  EXPECT_EQ(results.load(), barrier.parties());
+}
+
+// _TestBarrier.test_single_thread
+TEST(CPythonBarrierTest, TestSingleThread) {
+  Barrier b(1);
+  b.wait(kBarrierTimeout);
+  b.wait(kBarrierTimeout);
+}
+
+// _TestBarrier._test_thousand_f
+void cpython_thousand_f(Barrier barrier, int passes, Connection<int> conn, Lock lock) {
+  for (int i = 0; i < passes; ++i) {
+    barrier.wait(kBarrierTimeout);
+    std::lock_guard held(lock);
+    conn.send(i);
+  }
+}
+
+// _TestBarrier.test_thousand: N processes pass the barrier 1,000 times; after each pass each
+// sends the pass's number, and none is a pass ahead.
+TEST_P(SyncTest, CPythonBarrierTestThousand) {
+  Barrier barrier(kParties);
+  constexpr int kPasses = 1000;
+  Lock lock;
+  auto [conn, child_conn] = Pipe<int>(false);
+  std::vector<Process> processes;
+  for (int j = 0; j < kParties; ++j)
+    processes.push_back(start_process(options(), cpython_thousand_f, barrier, kPasses, child_conn, lock));
+  for (int i = 0; i < kPasses; ++i)
+    for (int j = 0; j < kParties; ++j) ASSERT_EQ(conn.recv(), i);
+  for (Process& p : processes) EXPECT_TRUE(p.join(20s));
 }
 
 INSTANTIATE_TEST_SUITE_P(StartMethods, SyncTest, test_support::all_start_methods(), test_support::start_method_name);
