@@ -1136,6 +1136,179 @@ TEST_P(SyncTest, CPythonBarrierTestThousand) {
   for (Process& p : processes) EXPECT_TRUE(p.join(20s));
 }
 
+// ---- _TestProcess. forkpool's start_process starts at once, so the checks CPython makes on a
+// Process not yet started have no counterpart; keyword arguments and authkey neither.
+bool is_active_child(pid_t pid) {
+  std::vector<pid_t> children = active_children();
+  return std::find(children.begin(), children.end(), pid) != children.end();
+}
+
+// _TestProcess._test: the args, the process's name and pid, back to the test.
+void cpython_process_test(Queue<std::string> q, int a, int b) {
+  q.put(std::to_string(a) + " " + std::to_string(b));
+  q.put(current_process_name());
+  q.put(std::to_string(getpid()));
+}
+
+// _TestProcess.test_process
+TEST_P(SyncTest, CPythonProcessTestProcess) {
+  Queue<std::string> q(1);
+  ProcessOptions named = options();
+  named.name = "SomeProcess";
+  named.daemon = true;
+  Process p = start_process(named, cpython_process_test, q, 1, 2);
+  EXPECT_EQ(p.exitcode(), std::nullopt);
+  EXPECT_TRUE(p.is_alive());
+  EXPECT_TRUE(is_active_child(p.pid()));
+  EXPECT_EQ(q.get(20s), std::optional<std::string>("1 2"));
+  EXPECT_EQ(q.get(20s), std::optional<std::string>("SomeProcess"));
+  EXPECT_EQ(q.get(20s), std::optional<std::string>(std::to_string(p.pid())));
+  ASSERT_TRUE(p.join(20s));
+  EXPECT_EQ(p.exitcode(), std::optional<int>(0));
+  EXPECT_FALSE(p.is_alive());
+  EXPECT_FALSE(is_active_child(p.pid()));
+}
+
+// _TestProcess._sleep_some
+void cpython_sleep_some() { std::this_thread::sleep_for(100s); }
+
+// _TestProcess._kill_process: join(0) and join(-1) come back at once, unended; after `stop`,
+// join() comes back ended (CPython bounds it with alarm(10)). CPython sleeps 1 s before `stop`
+// ("maybe terminating too soon causes the problems on Gentoo"); kDelta here.
+std::optional<int> cpython_kill_process(StartMethod method, void (Process::*stop)()) {
+  Process p = start_process({.start_method = method, .daemon = true}, cpython_sleep_some);
+  EXPECT_TRUE(p.is_alive());
+  EXPECT_TRUE(is_active_child(p.pid()));
+  EXPECT_EQ(p.exitcode(), std::nullopt);
+  for (auto timeout : {0ns, -1ns}) {
+    auto began = std::chrono::steady_clock::now();
+    EXPECT_FALSE(p.join(timeout));
+    EXPECT_LT(std::chrono::steady_clock::now() - began, kDelta);  // assertTimingAlmostEqual(0.0)
+    EXPECT_TRUE(p.is_alive());
+  }
+  std::this_thread::sleep_for(kDelta);
+  (p.*stop)();
+  EXPECT_TRUE(p.join(10s));
+  EXPECT_FALSE(p.is_alive());
+  EXPECT_FALSE(is_active_child(p.pid()));
+  EXPECT_TRUE(p.join());
+  return p.exitcode();
+}
+
+// _TestProcess.test_terminate
+TEST_P(SyncTest, CPythonProcessTestTerminate) {
+  EXPECT_EQ(cpython_kill_process(GetParam(), &Process::terminate), std::optional<int>(-SIGTERM));
+}
+
+// _TestProcess.test_kill
+TEST_P(SyncTest, CPythonProcessTestKill) {
+  EXPECT_EQ(cpython_kill_process(GetParam(), &Process::kill), std::optional<int>(-SIGKILL));
+}
+
+// _TestProcess._test_sleep
+void cpython_test_sleep(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
+
+// _TestProcess.test_active_children
+TEST_P(SyncTest, CPythonProcessTestActiveChildren) {
+  Process p = start_process({.start_method = GetParam(), .daemon = true}, cpython_test_sleep, 100);  // DELTA
+  EXPECT_TRUE(is_active_child(p.pid()));
+  ASSERT_TRUE(p.join(20s));
+  EXPECT_FALSE(is_active_child(p.pid()));
+}
+
+// _TestProcess._test_recursion: each process sends its id and, two levels deep, starts two
+// children of its own and joins them, one after the other.
+void cpython_test_recursion(Connection<std::vector<int>> wconn, std::vector<int> id, StartMethod method) {
+  wconn.send(id);
+  if (id.size() < 2) {
+    for (int i = 0; i < 2; ++i) {
+      std::vector<int> child_id = id;
+      child_id.push_back(i);
+      Process p = start_process({.start_method = method}, cpython_test_recursion, wconn, child_id, method);
+      if (!p.join(30s)) std::_Exit(3);
+    }
+  }
+}
+
+// _TestProcess.test_recursion
+TEST_P(SyncTest, CPythonProcessTestRecursion) {
+  auto [rconn, wconn] = Pipe<std::vector<int>>(false);
+  cpython_test_recursion(wconn, {}, GetParam());
+  std::this_thread::sleep_for(kDelta);
+  std::vector<std::vector<int>> result;
+  while (rconn.poll()) result.push_back(rconn.recv());
+  std::vector<std::vector<int>> expected{{}, {0}, {0, 0}, {0, 1}, {1}, {1, 0}, {1, 1}};
+  EXPECT_EQ(result, expected);
+}
+
+// _TestProcess._test_sentinel
+void cpython_test_sentinel(Event event) { event.wait(10s); }
+
+// _TestProcess.test_sentinel: wait_for_handle is a poll of the descriptor.
+TEST_P(SyncTest, CPythonProcessTestSentinel) {
+  Event event;
+  Process p = start_process(options(), cpython_test_sentinel, event);
+  int sentinel = p.sentinel();
+  EXPECT_GE(sentinel, 0);
+  pollfd ended{sentinel, POLLIN, 0};
+  EXPECT_EQ(poll(&ended, 1, 0), 0);  // wait_for_handle(sentinel, timeout=0.0) is False
+  event.set();
+  ASSERT_TRUE(p.join(20s));
+  EXPECT_EQ(poll(&ended, 1, 1000), 1);  // wait_for_handle(sentinel, timeout=1)
+}
+
+// _TestProcess._test_close: exits with `rc` once something is on `q`.
+void cpython_test_close(int rc, Queue<int> q) {
+  q.get();
+  std::exit(rc);
+}
+
+// _TestProcess.test_close. CPython's is_alive(), join() and terminate() raise ValueError after
+// close(); forkpool's answer from what close() kept (not alive, ended, nothing to terminate).
+TEST_P(SyncTest, CPythonProcessTestClose) {
+  Queue<int> q;
+  Process p = start_process(options(), cpython_test_close, 0, q);
+  EXPECT_TRUE(p.is_alive());
+  EXPECT_THROW(p.close(), std::logic_error);  // Child is still alive, cannot close
+  q.put(0);
+  ASSERT_TRUE(p.join(20s));
+  EXPECT_FALSE(p.is_alive());
+  EXPECT_EQ(p.exitcode(), std::optional<int>(0));
+  p.close();
+  EXPECT_FALSE(p.is_alive());
+  EXPECT_TRUE(p.join());
+  EXPECT_NO_THROW(p.terminate());
+  p.close();
+  EXPECT_EQ(p.exitcode(), std::optional<int>(0));
+}
+
+// _TestProcess.test_many_processes: 5 processes under spawn, 100 otherwise; each first sleeps
+// 10 ms and ends, then each sleeps 100 s and is terminated 1 ms after the start.
+TEST_P(SyncTest, CPythonProcessTestManyProcesses) {
+  int n = GetParam() == StartMethod::spawn ? 5 : 100;
+  std::vector<Process> procs;
+  for (int i = 0; i < n; ++i) procs.push_back(start_process(options(), cpython_test_sleep, 10));
+  for (Process& p : procs) ASSERT_TRUE(p.join(60s));
+  for (Process& p : procs) EXPECT_EQ(p.exitcode(), std::optional<int>(0));
+  procs.clear();
+  for (int i = 0; i < n; ++i) procs.push_back(start_process(options(), cpython_sleep_some));
+  std::this_thread::sleep_for(1ms);  // let the children start...
+  for (Process& p : procs) p.terminate();
+  for (Process& p : procs) ASSERT_TRUE(p.join(60s));
+  for (Process& p : procs) EXPECT_EQ(p.exitcode(), std::optional<int>(-SIGTERM));
+}
+
+// _TestProcess._test_send_parent_process: the parent's pid (forkpool has no parent's name).
+void cpython_send_parent_process(Connection<int> wconn) { wconn.send(static_cast<int>(parent_pid())); }
+
+// _TestProcess.test_parent_process_attributes
+TEST_P(SyncTest, CPythonProcessTestParentProcessAttributes) {
+  auto [rconn, wconn] = Pipe<int>(false);
+  Process p = start_process(options(), cpython_send_parent_process, wconn);
+  ASSERT_TRUE(p.join(20s));
+  EXPECT_EQ(rconn.recv(), getpid());
+}
+
 INSTANTIATE_TEST_SUITE_P(StartMethods, SyncTest, test_support::all_start_methods(), test_support::start_method_name);
 
 }  // namespace
