@@ -57,6 +57,7 @@ SharedMemory SharedMemory::map(std::string name, int fd, bool track) {
 }
 
 SharedMemory SharedMemory::create(std::string name, std::size_t size, bool outlive) {
+  if (size == 0) throw std::invalid_argument("forkpool: SharedMemory::create: the size must be at least one byte");
   if (name.empty()) name = fresh_name();
   check_name(name);
   if (!outlive && !detail::is_segment_name(name))

@@ -27,7 +27,7 @@ namespace forkpool {
 class SharedMemory {
  public:
   // A new zero-filled block of `size` bytes; an empty name: a fresh "forkpool-shm-..." name.
-  // Throws std::invalid_argument for a name with '/' or, unless `outlive`, one without the
+  // Throws std::invalid_argument for a size of 0, a name with '/' or, unless `outlive`, one without the
   // "forkpool-" prefix; std::system_error when it exists already (EEXIST) or /dev/shm is full.
   static SharedMemory create(std::string name, std::size_t size, bool outlive = false);
   // The block named `name`, made by this program or another. Throws std::system_error (ENOENT

@@ -1309,6 +1309,111 @@ TEST_P(SyncTest, CPythonProcessTestParentProcessAttributes) {
   EXPECT_EQ(rconn.recv(), getpid());
 }
 
+// ---- _TestSharedMemory. _new_shm_name's names start with "forkpool-" here: the names forkpool
+// cleans up after their last user (others need outlive = true). A size is a std::size_t, so the
+// negative sizes have no counterpart, nor has attaching with a new size. Pickling is crossing a
+// process (test_shared_memory_across_processes); a pickled block whose name was unlinked stays
+// reachable here, as the handle carries its descriptor.
+std::string new_shm_name(const std::string& prefix) { return "forkpool-" + prefix + std::to_string(getpid()); }
+
+template <class Call>
+std::error_code error_of(Call call) {
+  try {
+    call();
+  } catch (const std::system_error& e) {
+    return e.code();
+  }
+  return {};
+}
+
+// _TestSharedMemory.test_shared_memory_basics. CPython's second unlink() of one name raises
+// FileNotFoundError ("an implementation detail", its comment says); forkpool's unlink() of a
+// name already gone does nothing.
+TEST(CPythonSharedMemoryTest, TestSharedMemoryBasics) {
+  std::string name_tsmb = new_shm_name("test01_tsmb");
+  SharedMemory sms = SharedMemory::create(name_tsmb, 512);
+  // Verify attributes are readable.
+  EXPECT_EQ(sms.name(), name_tsmb);
+  EXPECT_GE(sms.bytes().size(), 512u);
+  // Modify contents of shared memory segment through memoryview.
+  sms.bytes()[0] = std::byte{42};
+  EXPECT_EQ(sms.bytes()[0], std::byte{42});
+  // Attach to existing shared memory segment.
+  SharedMemory also_sms = SharedMemory::attach(name_tsmb);
+  EXPECT_EQ(also_sms.bytes()[0], std::byte{42});
+  // Attaching Shared Memory Segment without a name
+  EXPECT_THROW(SharedMemory::attach(""), std::invalid_argument);
+
+  std::string name_dblunlink = new_shm_name("test01_dblunlink");
+  SharedMemory sms_uno = SharedMemory::create(name_dblunlink, 5000);
+  EXPECT_GE(sms_uno.bytes().size(), 5000u);
+  SharedMemory sms_duo = SharedMemory::attach(name_dblunlink);
+  sms_duo.unlink();  // First shm_unlink() call.
+  EXPECT_NO_THROW(sms_uno.unlink());
+  EXPECT_EQ(error_of([&] { SharedMemory::attach(name_dblunlink); }), std::errc::no_such_file_or_directory);
+
+  // Attempting to create a new shared memory segment with a name that is already in use
+  // triggers an exception (FileExistsError).
+  EXPECT_EQ(error_of([&] { SharedMemory::create(name_tsmb, 512); }), std::errc::file_exists);
+  // Attempting to attach to an existing shared memory segment when no segment exists with the
+  // supplied name triggers an exception (FileNotFoundError).
+  EXPECT_EQ(error_of([&] { SharedMemory::attach(new_shm_name("test01_notthere")); }),
+            std::errc::no_such_file_or_directory);
+  sms.unlink();
+}
+
+// _TestSharedMemory.test_invalid_shared_memory_cration: a size of 0 (ValueError).
+TEST(CPythonSharedMemoryTest, TestInvalidSharedMemoryCration) {
+  EXPECT_THROW(SharedMemory::create(new_shm_name("test_zero"), 0), std::invalid_argument);
+  EXPECT_THROW(SharedMemory::create("", 0), std::invalid_argument);
+}
+
+// _TestSharedMemory._attach_existing_shmem_then_write, for a name and for a handle.
+void cpython_attach_by_name_then_write(std::string shmem_name, std::string binary_data) {
+  SharedMemory local_sms = SharedMemory::attach(shmem_name);
+  std::memcpy(local_sms.bytes().data(), binary_data.data(), binary_data.size());
+}
+void cpython_write_to_handle(SharedMemory local_sms, std::string binary_data) {
+  std::memcpy(local_sms.bytes().data(), binary_data.data(), binary_data.size());
+}
+
+// _TestSharedMemory.test_shared_memory_across_processes
+TEST_P(SyncTest, CPythonSharedMemoryTestAcrossProcesses) {
+  SharedMemory sms = SharedMemory::create("", 512);
+  auto first_five = [&] { return std::string(reinterpret_cast<const char*>(sms.bytes().data()), 5); };
+  // Verify remote attachment to existing block by name is working.
+  Process p = start_process(options(), cpython_attach_by_name_then_write, sms.name(), std::string("howdy"));
+  ASSERT_TRUE(p.join(20s));
+  EXPECT_EQ(first_five(), "howdy");
+  // Verify pickling of SharedMemory instance also works.
+  Process q = start_process(options(), cpython_write_to_handle, sms, std::string("HELLO"));
+  ASSERT_TRUE(q.join(20s));
+  EXPECT_EQ(first_five(), "HELLO");
+  sms.unlink();
+}
+
+// _TestSharedMemory.test_shared_memory_cleaned_after_process_termination: CPython's other
+// program is a process here; it makes a block, tells its name and sleeps until terminated.
+void cpython_create_then_sleep(Queue<std::string> names) {
+  SharedMemory sm = SharedMemory::create("", 10);
+  names.put(sm.name());
+  std::this_thread::sleep_for(100s);
+}
+
+TEST_P(SyncTest, CPythonSharedMemoryTestCleanedAfterProcessTermination) {
+  Queue<std::string> names;
+  Process p = start_process(options(), cpython_create_then_sleep, names);
+  std::optional<std::string> name = names.get(20s);
+  ASSERT_TRUE(name);
+  // killing abruptly processes holding reference to a shared memory segment should not leak
+  // the given memory segment.
+  p.terminate();
+  ASSERT_TRUE(p.join(20s));
+  // CPython tries to attach; here that would make this process a user that keeps the block.
+  EXPECT_TRUE(test_support::eventually([&] { return access(("/dev/shm/" + *name).c_str(), F_OK) != 0; }, 20s))
+      << "A SharedMemory segment was leaked after a process was abruptly terminated";
+}
+
 INSTANTIATE_TEST_SUITE_P(StartMethods, SyncTest, test_support::all_start_methods(), test_support::start_method_name);
 
 }  // namespace
