@@ -132,6 +132,8 @@ class Queue {
   bool put(T item, std::chrono::nanoseconds timeout) {
     return core_->put(encode_item(item), detail::deadline_unless_forever(timeout));
   }
+  // false when the queue is full (Python's put_nowait raises queue.Full).
+  bool put_nowait(T item) { return core_->put(encode_item(item), std::chrono::steady_clock::now()); }
   T get() { return *take_if(core_->get(std::nullopt)); }
   std::optional<T> get(std::chrono::nanoseconds timeout) {
     return take_if(core_->get(detail::deadline_unless_forever(timeout)));

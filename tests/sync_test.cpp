@@ -809,6 +809,101 @@ TEST(CPythonQueueTest, TestQsize) {
   EXPECT_EQ(q.qsize(), 0u);
 }
 
+// ---- _TestQueue test_put, test_get, test_fork. CPython's TIMEOUT1..3 (0.82, 0.35, 1.4 s when
+// timings are checked); put(x, False) and put(x, False, timeout) are put_nowait(x), get(False)
+// is get_nowait(); CPython checks the timings only with CHECK_TIMINGS, here always, loosely
+// (at least the timeout when it waits, under kDelta when it does not).
+constexpr auto kTimeout1 = 820ms, kTimeout2 = 350ms, kTimeout3 = 1400ms;
+
+template <class Call>
+std::chrono::nanoseconds elapsed_in(Call call) {
+  auto began = std::chrono::steady_clock::now();
+  call();
+  return std::chrono::steady_clock::now() - began;
+}
+
+// _TestQueue._test_put
+void cpython_test_put(Queue<int> queue, Event child_can_start, Event parent_can_continue) {
+  child_can_start.wait(20s);
+  for (int i = 0; i < 6; ++i) queue.get();
+  parent_can_continue.set();
+}
+
+// _TestQueue.test_put
+TEST_P(SyncTest, CPythonQueueTestPut) {
+  constexpr std::size_t kMaxsize = 6;
+  Queue<int> queue(kMaxsize);
+  Event child_can_start, parent_can_continue;
+  Process proc = start_process(options(), cpython_test_put, queue, child_can_start, parent_can_continue);
+  EXPECT_TRUE(queue.empty());
+  EXPECT_FALSE(queue.full());
+  queue.put(1);
+  queue.put(2);
+  queue.put(3);
+  EXPECT_TRUE(queue.put_nowait(4));
+  EXPECT_TRUE(queue.put_nowait(5));
+  EXPECT_TRUE(queue.put_nowait(6));
+  std::this_thread::sleep_for(kDelta);
+  EXPECT_FALSE(queue.empty());
+  EXPECT_TRUE(queue.full());
+  for (int i = 0; i < 3; ++i)  // put(7, False), put(7, False, None), put_nowait(7): Full at once
+    EXPECT_LT(elapsed_in([&] { EXPECT_FALSE(queue.put_nowait(7)); }), kDelta);
+  EXPECT_GE(elapsed_in([&] { EXPECT_FALSE(queue.put(7, kTimeout1)); }), kTimeout1);
+  EXPECT_LT(elapsed_in([&] { EXPECT_FALSE(queue.put_nowait(7)); }), kDelta);  // put(7, False, TIMEOUT2)
+  EXPECT_GE(elapsed_in([&] { EXPECT_FALSE(queue.put(7, kTimeout3)); }), kTimeout3);
+  child_can_start.set();
+  ASSERT_TRUE(parent_can_continue.wait(20s));
+  EXPECT_TRUE(queue.empty());
+  EXPECT_FALSE(queue.full());
+  EXPECT_TRUE(proc.join(20s));
+}
+
+// _TestQueue._test_get (CPython leaves its put(1) out: "Hangs unexpectedly")
+void cpython_test_get(Queue<int> queue, Event child_can_start, Event parent_can_continue) {
+  child_can_start.wait(20s);
+  for (int i = 2; i <= 5; ++i) queue.put(i);
+  parent_can_continue.set();
+}
+
+// _TestQueue.test_get
+TEST_P(SyncTest, CPythonQueueTestGet) {
+  Queue<int> queue;
+  Event child_can_start, parent_can_continue;
+  Process proc = start_process(options(), cpython_test_get, queue, child_can_start, parent_can_continue);
+  EXPECT_TRUE(queue.empty());
+  child_can_start.set();
+  ASSERT_TRUE(parent_can_continue.wait(20s));
+  std::this_thread::sleep_for(kDelta);
+  EXPECT_FALSE(queue.empty());
+  EXPECT_EQ(queue.get(), 2);  // get(True, None)
+  EXPECT_EQ(queue.get(), 3);  // get(True)
+  EXPECT_EQ(queue.get(1s), std::optional<int>(4));
+  EXPECT_EQ(queue.get_nowait(), std::optional<int>(5));
+  EXPECT_TRUE(queue.empty());
+  for (int i = 0; i < 3; ++i)  // get(False), get(False, None), get_nowait(): Empty at once
+    EXPECT_LT(elapsed_in([&] { EXPECT_EQ(queue.get_nowait(), std::nullopt); }), kDelta);
+  EXPECT_GE(elapsed_in([&] { EXPECT_EQ(queue.get(kTimeout1), std::nullopt); }), kTimeout1);
+  EXPECT_LT(elapsed_in([&] { EXPECT_EQ(queue.get_nowait(), std::nullopt); }), kDelta);  // get(False, TIMEOUT2)
+  EXPECT_GE(elapsed_in([&] { EXPECT_EQ(queue.get(kTimeout3), std::nullopt); }), kTimeout3);
+  EXPECT_TRUE(proc.join(20s));
+}
+
+// _TestQueue._test_fork
+void cpython_test_fork(Queue<int> queue) {
+  for (int i = 10; i < 20; ++i) queue.put(i);
+}
+
+// _TestQueue.test_fork: items put before the process starts and by it all arrive, in order.
+TEST_P(SyncTest, CPythonQueueTestFork) {
+  Queue<int> queue;
+  for (int i = 0; i < 10; ++i) queue.put(i);
+  std::this_thread::sleep_for(kDelta);
+  Process p = start_process(options(), cpython_test_fork, queue);
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(queue.get(20s), std::optional<int>(i));
+  EXPECT_EQ(queue.get_nowait(), std::nullopt);
+  EXPECT_TRUE(p.join(20s));
+}
+
 // _TestQueue._test_task_done: `for obj in iter(q.get, None)`, None being -1 here.
 // (`done`, forkpool's addition, counts what was done before task_done().)
 void cpython_task_done_f(JoinableQueue<int> q, Value<int> done) {
