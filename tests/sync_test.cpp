@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstring>
 #include <system_error>
+#include <fstream>
 #include <mutex>
 #include <set>
 #include <span>
@@ -1334,6 +1335,30 @@ TEST_P(SyncTest, CPythonProcessTestRecursion) {
   while (rconn.poll()) result.push_back(rconn.recv());
   std::vector<std::vector<int>> expected{{}, {0}, {0, 0}, {0, 1}, {1}, {1, 0}, {1, 1}};
   EXPECT_EQ(result, expected);
+}
+
+// A process that starts a daemon child, tells its pid, and sleeps.
+void start_a_daemon_and_sleep(Queue<int> child_pid, StartMethod method) {
+  Process child = start_process({.start_method = method, .daemon = true}, cpython_sleep_some);
+  child_pid.put(static_cast<int>(child.pid()));
+  std::this_thread::sleep_for(100s);
+}
+
+TEST_P(SyncTest, ADaemonProcessEndsWhenItsParentIsKilled) {
+  Queue<int> child_pid;
+  Process parent = start_process(options(), start_a_daemon_and_sleep, child_pid, GetParam());
+  std::optional<int> child = child_pid.get(20s);
+  ASSERT_TRUE(child);
+  EXPECT_EQ(::kill(*child, 0), 0);
+  parent.kill();
+  ASSERT_TRUE(parent.join(20s));
+  // Gone (reaped by init), or a zombie waiting for that: either way no longer running.
+  auto ended = [&] {
+    std::ifstream stat("/proc/" + std::to_string(*child) + "/stat");
+    std::string pid, comm, state;
+    return !(stat >> pid >> comm >> state) || state == "Z";
+  };
+  EXPECT_TRUE(test_support::eventually(ended, 20s));
 }
 
 // _TestProcess._test_sentinel
