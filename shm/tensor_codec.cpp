@@ -22,8 +22,10 @@ struct enum_bounds<StorageKind> {
   static constexpr StorageKind max = StorageKind::block;
 };
 
-void codec<Tensor>::encode(Writer& w, const Tensor& tensor) {
-  const auto& storage = tensor.storage();
+namespace detail {
+
+void encode_tensor_view(Writer& w, const std::shared_ptr<Storage>& storage, std::int64_t byte_offset,
+                        std::span<const std::int64_t> shape, std::span<const std::int64_t> strides, DType dtype) {
   if (!storage) {
     w.write(StorageKind::none);
     return;
@@ -32,16 +34,16 @@ void codec<Tensor>::encode(Writer& w, const Tensor& tensor) {
     throw std::invalid_argument(
         "forkpool: this tensor's memory is not shared (it came from DLPack): call share_memory_() to copy it "
         "into shared memory once, then send it");
-  auto* conversation = dynamic_cast<detail::StorageConversation*>(w.context());
+  auto* conversation = dynamic_cast<StorageConversation*>(w.context());
   std::uint64_t storage_size = storage->size();
-  std::int64_t offset = tensor.storage_offset();
+  std::int64_t offset = byte_offset;
   if (auto index = storage->slab() && conversation ? conversation->block_index(storage) : std::nullopt) {
     w.write(StorageKind::block);
     w.write(*index);
-  } else if (detail::Slab* slab = storage->slab()) {
+  } else if (Slab* slab = storage->slab()) {
     // No conversation to say when the receiver lets go: the whole slab crosses, and its blocks
     // are never handed out again (the slab goes once those in use come back).
-    detail::SlabAllocator::instance().retire(*slab);
+    SlabAllocator::instance().retire(*slab);
     w.write(StorageKind::memfd);
     w.write(w.attach_fd(slab->fd(), storage));
     storage_size = slab->size();
@@ -56,9 +58,19 @@ void codec<Tensor>::encode(Writer& w, const Tensor& tensor) {
   }
   w.write(storage_size);
   w.write(offset);
-  w.write(tensor.dtype());
-  w.write(std::vector<std::int64_t>(tensor.shape().begin(), tensor.shape().end()));
-  w.write(std::vector<std::int64_t>(tensor.strides().begin(), tensor.strides().end()));
+  w.write(dtype);
+  // As codec<std::vector<std::int64_t>> writes them, without the vectors.
+  for (std::span<const std::int64_t> values : {shape, strides}) {
+    w.write_size(values.size());
+    w.write_bytes(values.data(), values.size_bytes());
+  }
+}
+
+}  // namespace detail
+
+void codec<Tensor>::encode(Writer& w, const Tensor& tensor) {
+  detail::encode_tensor_view(w, tensor.storage(), tensor.storage_offset(), tensor.shape(), tensor.strides(),
+                             tensor.dtype());
 }
 
 Tensor codec<Tensor>::decode(Reader& r) {

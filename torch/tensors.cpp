@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <memory>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -70,6 +71,12 @@ c10::DataPtr data_ptr_over(std::shared_ptr<forkpool::detail::Storage> storage) {
 }
 
 std::vector<std::int64_t> vector_of(at::IntArrayRef values) { return {values.begin(), values.end()}; }
+std::span<const std::int64_t> span_of(at::IntArrayRef values) { return {values.data(), values.size()}; }
+
+// The forkpool storage under a shared tensor (is_shared).
+const std::shared_ptr<forkpool::detail::Storage>& storage_of(const at::Tensor& tensor) {
+  return static_cast<SharedBlock*>(tensor.storage().data_ptr().get_context())->storage;
+}
 
 }  // namespace
 
@@ -97,9 +104,8 @@ at::Tensor from_forkpool(const Tensor& tensor) {
 Tensor to_forkpool(const at::Tensor& tensor) {
   if (!is_shared(tensor))
     throw Error("forkpool-torch: to_forkpool needs a tensor in shared memory (share_memory() it)");
-  auto* block = static_cast<SharedBlock*>(tensor.storage().data_ptr().get_context());
   auto element = static_cast<std::int64_t>(tensor.element_size());
-  return Tensor::from_storage(block->storage, tensor.storage_offset() * element, vector_of(tensor.sizes()),
+  return Tensor::from_storage(storage_of(tensor), tensor.storage_offset() * element, vector_of(tensor.sizes()),
                               vector_of(tensor.strides()), dtype_of(tensor.scalar_type()));
 }
 
@@ -153,8 +159,11 @@ void codec<at::Tensor>::encode(Writer& w, const at::Tensor& tensor) {
   if (tensor.requires_grad() && !tensor.is_leaf())
     throw Error(
         "forkpool-torch: a non-leaf tensor that requires grad cannot cross (autograd state does not): detach() it");
-  if (torch::is_shared(tensor)) {
-    codec<Tensor>::encode(w, torch::to_forkpool(tensor));
+  if (torch::is_shared(tensor)) {  // as codec<Tensor> writes its to_forkpool(), without making it
+    auto element = static_cast<std::int64_t>(tensor.element_size());
+    detail::encode_tensor_view(w, torch::storage_of(tensor), tensor.storage_offset() * element,
+                               torch::span_of(tensor.sizes()), torch::span_of(tensor.strides()),
+                               torch::dtype_of(tensor.scalar_type()));
   } else {  // copied once into shared memory
     at::Tensor contiguous = tensor.detach().contiguous();
     Tensor copy = Tensor::empty(torch::vector_of(contiguous.sizes()), torch::dtype_of(contiguous.scalar_type()));
