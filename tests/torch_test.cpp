@@ -5,6 +5,8 @@
 
 #include <chrono>
 #include <optional>
+#include <thread>
+#include <numeric>
 #include <vector>
 
 #include <forkpool/forkpool.hpp>
@@ -126,6 +128,32 @@ TEST(TorchTest, ADataLoaderOfTorchSamplesStacksThemIntoSharedBatches) {
   EXPECT_EQ(batches[0].sizes(), (std::vector<std::int64_t>{4, 3}));
   EXPECT_EQ(batches[1].sizes(), (std::vector<std::int64_t>{2, 3}));
   EXPECT_EQ(batches[1][1][2].item<float>(), 5.0f);
+}
+
+at::Tensor a_batch(int index) {
+  at::Tensor t = fpt::empty({4096});
+  t.fill_(index);
+  return t;
+}
+
+// libtorch tensors over forkpool blocks, dropped on other threads while the pool works: each
+// deleter gives its block back from its own thread (CI runs this file under TSan).
+TEST(TorchTest, TensorsFromWorkersMayBeDroppedOnOtherThreadsWhileThePoolWorks) {
+  Pool pool({.processes = 2});
+  std::vector<int> indices(400);
+  std::iota(indices.begin(), indices.end(), 0);
+  std::vector<at::Tensor> batches = pool.map_async(a_batch, indices).get();
+  std::vector<std::thread> droppers;
+  for (std::size_t first = 0; first < 2; ++first)
+    droppers.emplace_back([&batches, first] {
+      for (std::size_t i = first; i < batches.size(); i += 2) {
+        EXPECT_EQ(batches[i][0].item<float>(), static_cast<float>(i));
+        batches[i] = at::Tensor();
+      }
+    });
+  std::vector<at::Tensor> more = pool.map_async(a_batch, indices).get();  // meanwhile
+  for (std::thread& dropper : droppers) dropper.join();
+  for (std::size_t i = 0; i < more.size(); ++i) EXPECT_EQ(more[i][4095].item<float>(), static_cast<float>(i));
 }
 
 }  // namespace
