@@ -1153,16 +1153,7 @@ TEST_P(SyncTest, CPythonBarrierTestReset) {
 // _TestBarrier._test_abort_and_reset_f
 void cpython_abort_and_reset_f(Barrier barrier, Barrier barrier2, Value<int> results1, Value<int> results2,
                                Value<int> results3) {
-  try {
-    int i = barrier.wait(kBarrierTimeout);
-    if (i == kParties / 2) throw std::runtime_error("the party in the middle");
-    barrier.wait(kBarrierTimeout);
-    append_true(results1);
-  } catch (const BrokenBarrierError&) {
-    append_true(results2);
-  } catch (const std::runtime_error&) {
-    barrier.abort();
-  }
+  cpython_abort_f(barrier, results1, results2);  // CPython repeats _test_abort_f's body here
   // Synchronize and reset the barrier.  Must synchronize first so that everyone has left it
   // when we reset, and after so that no one enters it before the reset.
   if (barrier2.wait(kBarrierTimeout) == kParties / 2) barrier.reset();
