@@ -174,7 +174,7 @@ class StreamState : public JobSink {
   // What counts against the window (see the constructor).
   std::size_t occupied() const {
     if (bound_unconsumed_) return in_flight_;
-    return running_ + takeable_;
+    return running_ + (ordered_ ? ordered_takeable_ : arrival_order_.size());
   }
 
   // The input threw (or its chunk could not be submitted): kept until every result submitted
@@ -193,6 +193,7 @@ class StreamState : public JobSink {
     if (ordered_) {
       if (!arrived_.contains(next_to_yield_)) return std::nullopt;
       chunk = next_to_yield_++;
+      --ordered_takeable_;
     } else {
       if (arrival_order_.empty()) return std::nullopt;
       chunk = arrival_order_.front();
@@ -200,7 +201,6 @@ class StreamState : public JobSink {
     }
     auto node = arrived_.extract(chunk);
     chunk_sizes_.erase(chunk);
-    --takeable_;
     return std::move(node.mapped());
   }
 
@@ -208,11 +208,10 @@ class StreamState : public JobSink {
     --running_;
     done_elements_ += chunk_sizes_.at(chunk);
     arrived_.emplace(chunk, std::move(outcome));
-    if (!ordered_) {
-      arrival_order_.push_back(chunk);
-      ++takeable_;
+    if (ordered_) {
+      while (arrived_.contains(next_to_yield_ + ordered_takeable_)) ++ordered_takeable_;  // a gap may have closed
     } else {
-      while (arrived_.contains(next_to_yield_ + takeable_)) ++takeable_;  // a gap may have closed
+      arrival_order_.push_back(chunk);
     }
     if (auto waiter = std::exchange(waiter_, {})) waiter.resume();
   }
@@ -224,7 +223,9 @@ class StreamState : public JobSink {
   std::size_t next_to_yield_ = 0;  // ordered: next chunk to hand out
   std::size_t in_flight_ = 0;      // submitted and not yet handed out
   std::size_t running_ = 0;        // submitted and not yet arrived
-  std::size_t takeable_ = 0;       // arrived, and the consumer's to take now (not ahead of its turn)
+  // Ordered: arrived in an unbroken run from next_to_yield_, the consumer's to take now (those
+  // ahead of a gap are not). Unordered, every arrived chunk is: arrival_order_.size().
+  std::size_t ordered_takeable_ = 0;
   std::size_t submitted_elements_ = 0;
   std::size_t done_elements_ = 0;
   std::optional<std::size_t> known_total_;
