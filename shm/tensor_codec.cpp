@@ -12,7 +12,6 @@ namespace {
 // memfd: a descriptor rides along; named: a /dev/shm name; block: a block of a slab, by its
 // place in the message's table of blocks (storage_conversation.hpp).
 enum class StorageKind : std::uint8_t { none, memfd, named, block };
-constexpr std::size_t kMaxDims = 64;
 
 }  // namespace
 
@@ -73,9 +72,14 @@ void codec<Tensor>::encode(Writer& w, const Tensor& tensor) {
                              tensor.dtype());
 }
 
-Tensor codec<Tensor>::decode(Reader& r) {
+namespace detail {
+
+void decode_tensor_view(Reader& r, TensorView& view) {
   auto kind = r.read<StorageKind>();
-  if (kind == StorageKind::none) return Tensor();
+  if (kind == StorageKind::none) {
+    view = {};
+    return;
+  }
   std::uint32_t index = 0;  // of the descriptor (memfd) or of the block (block)
   std::string name;
   if (kind == StorageKind::named)
@@ -83,32 +87,50 @@ Tensor codec<Tensor>::decode(Reader& r) {
   else
     index = r.read<std::uint32_t>();
   auto storage_size = r.read<std::uint64_t>();
-  auto offset = r.read<std::int64_t>();
-  auto dtype = r.read<DType>();
-  auto shape = r.read<std::vector<std::int64_t>>();
-  auto strides = r.read<std::vector<std::int64_t>>();
+  view.byte_offset = r.read<std::int64_t>();
+  view.dtype = r.read<DType>();
+  // As codec<std::vector<std::int64_t>> wrote them, shape then strides.
+  auto read_count = [&r] {
+    std::size_t count = r.read_count(sizeof(std::int64_t), "tensor dimensions");
+    if (count > TensorView::kMaxDims) r.fail("tensor has " + std::to_string(count) + " dimensions");
+    return count;
+  };
+  view.dims = read_count();
+  r.read_bytes(view.shape_values.data(), view.dims * sizeof(std::int64_t));
+  if (std::size_t strides = read_count(); strides != view.dims)
+    r.fail("tensor shape and strides are mismatched: " + std::to_string(view.dims) + " dimensions, " +
+           std::to_string(strides) + " strides");
+  r.read_bytes(view.stride_values.data(), view.dims * sizeof(std::int64_t));
 
   // The view must fit in the storage it claims, before anything is mapped.
-  if (shape.size() > kMaxDims) r.fail("tensor has " + std::to_string(shape.size()) + " dimensions");
-  auto extent = detail::view_extent(shape, strides, element_size(dtype));
+  std::int64_t offset = view.byte_offset;
+  auto extent = view_extent(view.shape(), view.strides(), element_size(view.dtype));
   if (!extent) r.fail("tensor shape or strides are negative, mismatched or overflow");
   if (offset < 0 || static_cast<std::uint64_t>(offset) > storage_size || *extent > storage_size - offset)
     r.fail("tensor view (offset " + std::to_string(offset) + ", " + std::to_string(*extent) +
            " bytes) exceeds its storage of " + std::to_string(storage_size) + " bytes");
 
-  std::shared_ptr<detail::Storage> storage;
   switch (kind) {
-    case StorageKind::memfd: storage = detail::Storage::adopt_memfd(r.take_fd(index), storage_size); break;
-    case StorageKind::named: storage = detail::Storage::adopt_named(name, storage_size); break;
+    case StorageKind::memfd: view.storage = Storage::adopt_memfd(r.take_fd(index), storage_size); break;
+    case StorageKind::named: view.storage = Storage::adopt_named(name, storage_size); break;
     default: {
-      auto* conversation = dynamic_cast<const detail::StorageConversation*>(r.context());
-      storage = conversation ? conversation->block_at(index) : nullptr;
-      if (!storage) r.fail("tensor names block " + std::to_string(index) + ", which its message does not carry");
-      if (storage->size() < storage_size) r.fail("tensor claims a block larger than the one its message carries");
+      auto* conversation = dynamic_cast<const StorageConversation*>(r.context());
+      view.storage = conversation ? conversation->block_at(index) : nullptr;
+      if (!view.storage) r.fail("tensor names block " + std::to_string(index) + ", which its message does not carry");
+      if (view.storage->size() < storage_size) r.fail("tensor claims a block larger than the one its message carries");
       break;
     }
   }
-  return Tensor::from_storage(std::move(storage), offset, std::move(shape), std::move(strides), dtype);
+}
+
+}  // namespace detail
+
+Tensor codec<Tensor>::decode(Reader& r) {
+  detail::TensorView view;
+  detail::decode_tensor_view(r, view);
+  if (!view.storage) return Tensor();
+  return Tensor::from_storage(std::move(view.storage), view.byte_offset, {view.shape().begin(), view.shape().end()},
+                              {view.strides().begin(), view.strides().end()}, view.dtype);
 }
 
 }  // namespace forkpool

@@ -78,6 +78,22 @@ const std::shared_ptr<forkpool::detail::Storage>& storage_of(const at::Tensor& t
   return static_cast<SharedBlock*>(tensor.storage().data_ptr().get_context())->storage;
 }
 
+// A torch::Tensor over `storage`, viewed as given.
+at::Tensor tensor_over(const std::shared_ptr<forkpool::detail::Storage>& storage, std::int64_t byte_offset,
+                       std::span<const std::int64_t> shape, std::span<const std::int64_t> strides, DType dtype) {
+  c10::Storage shared(c10::Storage::use_byte_size_t(), storage->size(), data_ptr_over(storage), nullptr, false);
+  // Built as at::for_blob builds its tensor: no dispatched op (at::empty and set_ took about
+  // a third of a small tensor's round trip).
+  at::Tensor out =
+      at::detail::make_tensor<c10::TensorImpl>(std::move(shared), c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                               caffe2::TypeMeta::fromScalarType(scalar_type_of(dtype)));
+  c10::TensorImpl* impl = out.unsafeGetTensorImpl();
+  impl->set_sizes_and_strides(at::IntArrayRef(shape.data(), shape.size()),
+                              at::IntArrayRef(strides.data(), strides.size()));
+  impl->set_storage_offset(byte_offset / static_cast<std::int64_t>(element_size(dtype)));
+  return out;
+}
+
 }  // namespace
 
 bool is_shared(const at::Tensor& tensor) {
@@ -87,18 +103,7 @@ bool is_shared(const at::Tensor& tensor) {
 at::Tensor from_forkpool(const Tensor& tensor) {
   const std::shared_ptr<forkpool::detail::Storage>& storage = tensor.storage();
   if (!storage || !storage->is_shared()) throw Error("forkpool-torch: from_forkpool needs a tensor in shared memory");
-  c10::Storage shared(c10::Storage::use_byte_size_t(), storage->size(), data_ptr_over(storage), nullptr, false);
-  // Built as at::for_blob builds its tensor: no dispatched op (at::empty and set_ took about
-  // a third of a small tensor's round trip).
-  at::Tensor out =
-      at::detail::make_tensor<c10::TensorImpl>(std::move(shared), c10::DispatchKeySet(c10::DispatchKey::CPU),
-                                               caffe2::TypeMeta::fromScalarType(scalar_type_of(tensor.dtype())));
-  auto element = static_cast<std::int64_t>(element_size(tensor.dtype()));
-  c10::TensorImpl* impl = out.unsafeGetTensorImpl();
-  impl->set_sizes_and_strides(at::IntArrayRef(tensor.shape().data(), tensor.shape().size()),
-                              at::IntArrayRef(tensor.strides().data(), tensor.strides().size()));
-  impl->set_storage_offset(tensor.storage_offset() / element);
-  return out;
+  return tensor_over(storage, tensor.storage_offset(), tensor.shape(), tensor.strides(), tensor.dtype());
 }
 
 Tensor to_forkpool(const at::Tensor& tensor) {
@@ -174,9 +179,11 @@ void codec<at::Tensor>::encode(Writer& w, const at::Tensor& tensor) {
 }
 
 at::Tensor codec<at::Tensor>::decode(Reader& r) {
-  Tensor tensor = codec<Tensor>::decode(r);
+  detail::TensorView view;  // as codec<Tensor> reads it, without making the Tensor
+  detail::decode_tensor_view(r, view);
   bool requires_grad = r.read<std::uint8_t>() != 0;
-  at::Tensor out = torch::from_forkpool(tensor);
+  if (!view.storage || !view.storage->is_shared()) r.fail("a torch::Tensor arrived without shared memory under it");
+  at::Tensor out = torch::tensor_over(view.storage, view.byte_offset, view.shape(), view.strides(), view.dtype);
   if (requires_grad) out.requires_grad_(true);
   return out;
 }
