@@ -3,10 +3,15 @@
 // are short is given more at once, one whose job was long goes back to two.
 
 #include <gtest/gtest.h>
+#include <sched.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <new>
 #include <thread>
 #include <vector>
 
@@ -75,6 +80,55 @@ TEST(Spin, AnIdlePoolUsesUnderOnePercentOfACpu) {
   for (pid_t w : workers) after += test_support::cpu_time_of(w);
   EXPECT_LT(after - before, 20ms);
   EXPECT_EQ(detail::spin_polls(), parent_polls);  // nothing in flight: the loop never spun
+}
+
+// Polls a spin does until a child forked onto this CPU (both pinned to it) has run.
+std::uint64_t polls_until_a_child_on_this_cpu_runs() {
+  cpu_set_t own, one;
+  EXPECT_EQ(sched_getaffinity(0, sizeof own, &own), 0);
+  CPU_ZERO(&one);
+  CPU_SET(sched_getcpu(), &one);
+  EXPECT_EQ(sched_setaffinity(0, sizeof one, &one), 0);  // the child inherits it
+  void* page = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  EXPECT_NE(page, MAP_FAILED);
+  auto* arrived = new (page) std::atomic<int>(0);
+  pid_t child = fork();
+  if (child == 0) {
+    arrived->store(1);
+    _exit(0);
+  }
+  EXPECT_GT(child, 0);
+  std::uint64_t polls = 0;
+  auto give_up = std::chrono::steady_clock::now() + 10s;
+  while (child > 0 && std::chrono::steady_clock::now() < give_up) {  // a spin that lost the CPU ends early
+    detail::SpinOutcome spun = detail::spin_for(1s, [&](std::uint64_t) { return arrived->load() != 0; });
+    polls += spun.polls;
+    if (spun.found) break;
+  }
+  EXPECT_EQ(sched_setaffinity(0, sizeof own, &own), 0);
+  int status = 0;
+  if (child > 0) {
+    EXPECT_EQ(waitpid(child, &status, 0), child);
+  }
+  EXPECT_EQ(arrived->load(), 1);
+  munmap(page, 4096);
+  return polls;
+}
+
+// With more busy processes than CPUs (a parent and two workers on two CPUs) the process a spin
+// waits for may need the spinner's own CPU. A spin that lasts offers it (sched_yield), so that
+// process runs within a few polls, not when the scheduler's slice (milliseconds) runs out.
+TEST(Spin, ASpinLetsTheProcessItWaitsForRunOnTheSameCpu) {
+  int waited = 0;  // rounds where the child had not run before the first poll
+  for (int attempt = 0; attempt < 100 && waited < 3; ++attempt) {
+    std::uint64_t polls = polls_until_a_child_on_this_cpu_runs();
+    if (polls <= 1) continue;
+    ++waited;
+    // A yield comes after 2 µs of polling (~100 polls), then every 64 (a busy machine may run
+    // others first); without them, the child waits for the slice to end: 40,000 polls and more.
+    EXPECT_LT(polls, 5000u) << "the spin kept the CPU from the process it waited for";
+  }
+  if (waited == 0) GTEST_SKIP() << "the forked child always ran before the spin began";
 }
 
 TEST(Batching, ShortJobsWidenAWorkersWindowAndALongOneNarrowsItToTwo) {
