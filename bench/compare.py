@@ -228,6 +228,27 @@ if tensor:
                 row(f"tensor: forkpool::DataLoader over an iterable dataset, {label.split()[0]} KiB, "
                     f"prefetch_factor {prefetch}", f"{i:.0f} batches/s", f"{i / c:.2f}x the map-style loader")
 
+if tensor:  # batches of 64 samples collated in the worker
+    for size, label in batch_sizes:
+        kib = label.split()[0]
+        imap = tensor.get(f"BM_CollatedBatches/{size}/0/real_time")
+        if not imap:
+            continue
+        m = imap["items_per_second"]
+        torch = python_figure("py_dataloader_collated.txt", r"collated batch " + kib + r" KiB: ([\d.]+) batches/s")
+        row(f"tensor: 64 samples collated per batch, {kib} KiB, the imap loop", f"{m:.0f} batches/s",
+            f"{m / torch:.1f}x torch DataLoader's batch_size=64 ({torch:.0f}/s)" if torch else "")
+        for prefetch in (2, 16):
+            collated = tensor.get(f"BM_CollatedBatches/{size}/{prefetch}/real_time")
+            if not collated:
+                continue
+            c = collated["items_per_second"]
+            ratio = [f"{c / m:.2f}x the imap loop (target >= 0.95)"]
+            if torch:
+                ratio.append(f"{c / torch:.1f}x torch DataLoader (target >= 10)")
+            row(f"tensor: forkpool::DataLoader, batch_size 64, {kib} KiB, prefetch_factor {prefetch}",
+                f"{c:.0f} batches/s", "; ".join(ratio))
+
 if torch_bench:
     for size, label in [(4 << 10, "4 KiB"), (1 << 20, "1024 KiB")]:
         t = torch_bench.get(f"BM_TorchTensorRoundTrip/{size}/1/real_time")

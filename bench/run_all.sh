@@ -29,6 +29,7 @@ if [ -d "$anchors" ]; then
   if /usr/bin/python3 -c "import torch" 2>/dev/null; then
     (cd "$anchors" && /usr/bin/python3 py_torch.py) | tee "$out/py_torch.txt" >&2
     (cd "$anchors" && /usr/bin/python3 py_dataloader.py) | tee "$out/py_dataloader.txt" >&2
+    /usr/bin/python3 "$(dirname "$0")/py_dataloader_collated.py" | tee "$out/py_dataloader_collated.txt" >&2
   fi
   /usr/bin/python3 "$(dirname "$0")/py_queue.py" | tee "$out/py_queue.txt" >&2
   if command -v gcc >/dev/null; then
