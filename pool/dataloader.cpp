@@ -148,26 +148,34 @@ std::exception_ptr as_remote_error() {
   }
 }
 
+void Stacker::add(const Tensor& sample) {
+  if (added_ == samples_) throw std::logic_error("forkpool: Stacker: more samples than the batch holds");
+  if (added_ == 0) {
+    std::vector<std::int64_t> shape{static_cast<std::int64_t>(samples_)};
+    shape.insert(shape.end(), sample.shape().begin(), sample.shape().end());
+    batch_ = Tensor::empty(std::move(shape), sample.dtype());
+    next_ = static_cast<std::byte*>(batch_.raw_data());
+  } else if (sample.dtype() != batch_.dtype() || !std::ranges::equal(sample.shape(), batch_.shape().subspan(1))) {
+    throw std::invalid_argument(
+        "forkpool: DataLoader: the default collate stacks samples of one dtype and shape; "
+        "sample " +
+        std::to_string(added_) + " of the batch differs from the first (give a collate)");
+  }
+  copy_elements(sample, next_);
+  next_ += sample.nbytes();
+  ++added_;
+}
+
+Tensor Stacker::finish() {
+  if (added_ == 0) throw std::invalid_argument("forkpool: DataLoader: a batch without samples");
+  if (added_ != samples_) throw std::logic_error("forkpool: Stacker: fewer samples than the batch holds");
+  return std::move(batch_);
+}
+
 Tensor stack(const std::vector<Tensor>& samples) {
-  if (samples.empty()) throw std::invalid_argument("forkpool: DataLoader: a batch without samples");
-  const Tensor& first = samples.front();
-  for (std::size_t i = 1; i < samples.size(); ++i) {
-    const Tensor& t = samples[i];
-    if (t.dtype() != first.dtype() || !std::ranges::equal(t.shape(), first.shape()))
-      throw std::invalid_argument(
-          "forkpool: DataLoader: the default collate stacks samples of one dtype and shape; "
-          "sample " +
-          std::to_string(i) + " of the batch differs from the first (give a collate)");
-  }
-  std::vector<std::int64_t> shape{static_cast<std::int64_t>(samples.size())};
-  shape.insert(shape.end(), first.shape().begin(), first.shape().end());
-  Tensor batch = Tensor::empty(std::move(shape), first.dtype());
-  auto* out = static_cast<std::byte*>(batch.raw_data());
-  for (const Tensor& t : samples) {
-    copy_elements(t, out);
-    out += t.nbytes();
-  }
-  return batch;
+  Stacker stacker(samples.size());
+  for (const Tensor& sample : samples) stacker.add(sample);
+  return stacker.finish();
 }
 
 }  // namespace forkpool::detail

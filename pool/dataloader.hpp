@@ -114,8 +114,23 @@ std::uint64_t loader_seed(const DataLoaderOptions& options);
 std::vector<std::vector<std::uint64_t>> epoch_batches(std::size_t dataset_size, const DataLoaderOptions& options,
                                                       std::uint64_t seed, std::uint64_t epoch);
 std::size_t batches_per_epoch(std::size_t dataset_size, const DataLoaderOptions& options);
-// One tensor with a leading batch dimension, in shared memory. Throws std::invalid_argument
-// naming the first sample whose dtype or shape differs from the first's.
+// The default collate of tensors, fed a sample at a time: each is copied into the batch (one
+// tensor with a leading batch dimension, in shared memory, made at the first sample) as it comes,
+// so the caller may let it go at once. add() throws std::invalid_argument naming the first sample
+// whose dtype or shape differs from the first's.
+class Stacker {
+ public:
+  explicit Stacker(std::size_t samples) : samples_(samples) {}
+  void add(const Tensor& sample);
+  Tensor finish();  // after `samples` add()s
+
+ private:
+  std::size_t samples_;
+  std::size_t added_ = 0;
+  Tensor batch_;
+  std::byte* next_ = nullptr;  // where the next sample's elements go
+};
+// All of `samples` through a Stacker.
 Tensor stack(const std::vector<Tensor>& samples);
 // Inside a catch block: the sample `index`'s error, as it crosses to the consumer (its type
 // name kept, "sample N: " before its message).
@@ -260,16 +275,26 @@ class DataLoader {
   // Set in each worker by the pool's initializer: the dataset it was forked with.
   static inline Shared* in_worker = nullptr;
 
+  static Sample get(Shared& shared, std::uint64_t index) {
+    try {
+      return shared.dataset.get(static_cast<std::size_t>(index));
+    } catch (...) {
+      detail::throw_sample_error(index);
+    }
+  }
   static Batch make_batch(Shared& shared, const std::vector<std::uint64_t>& indices) {
-    std::vector<Sample> samples;
-    samples.reserve(indices.size());
-    for (std::uint64_t index : indices) {
-      try {
-        samples.push_back(shared.dataset.get(static_cast<std::size_t>(index)));
-      } catch (...) {
-        detail::throw_sample_error(index);
+    if constexpr (std::is_same_v<Sample, Tensor> && std::is_same_v<Batch, Tensor>) {
+      // The default collate takes each sample as it comes: the batch never holds them all, and
+      // the next sample reuses the memory the last one left, still in cache.
+      if (shared.collate == &detail::default_collate<Sample>) {
+        detail::Stacker stacker(indices.size());
+        for (std::uint64_t index : indices) stacker.add(get(shared, index));
+        return stacker.finish();
       }
     }
+    std::vector<Sample> samples;
+    samples.reserve(indices.size());
+    for (std::uint64_t index : indices) samples.push_back(get(shared, index));
     return shared.collate(std::move(samples));
   }
   static Batch load(std::vector<std::uint64_t> indices) { return make_batch(*in_worker, indices); }

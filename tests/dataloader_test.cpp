@@ -111,6 +111,36 @@ TEST(DataLoaderTest, TensorSamplesStackIntoOneSharedBatchTensor) {
   EXPECT_EQ(seen, 2);
 }
 
+// As Vectors, but sample 5 has 4 floats.
+struct OneLongSample {
+  std::size_t size() const { return 8; }
+  Tensor get(std::size_t index) const {
+    std::vector<float> values(index == 5 ? 4 : 3, static_cast<float>(index));
+    return Tensor::from<float>(values, {static_cast<std::int64_t>(values.size())});
+  }
+};
+
+TEST(DataLoaderTest, TheDefaultCollateRefusesASampleOfAnotherShapeNamingItsPlaceInTheBatch) {
+  for (int workers : {0, 2}) {
+    DataLoader loader(OneLongSample{}, {.batch_size = 4, .num_workers = workers});
+    Stream<Tensor> epoch = loader.epoch();
+    std::optional<Tensor> first = run(epoch.next());
+    ASSERT_TRUE(first);
+    EXPECT_EQ(first->data<float>()[3 * 3], 3.0f) << workers;
+    try {
+      run(epoch.next());
+      ADD_FAILURE() << "the batch with sample 5 arrived";
+    } catch (const std::exception& e) {  // a worker's arrives as RemoteError, the caller's as thrown
+      EXPECT_NE(std::string(e.what()).find("sample 1 of the batch differs from the first"), std::string::npos)
+          << e.what();
+      if (workers > 0) {
+        EXPECT_EQ(dynamic_cast<const RemoteError&>(e).type_name(), "std::invalid_argument");
+      }
+    }
+    EXPECT_FALSE(run(epoch.next()));
+  }
+}
+
 TEST(DataLoaderTest, ASampleThatThrowsFailsItsBatchNamingItAndTheEpochGoesOn) {
   for (int workers : {0, 2}) {
     DataLoader loader(OneBadSample{}, {.batch_size = 4, .num_workers = workers});
