@@ -6,11 +6,10 @@
 #include <unistd.h>
 
 #include <mutex>
-#include <set>
+#include <map>
 #include <stdexcept>
 
 #include <forkpool/sync/private/fd_wait.hpp>
-#include <forkpool/sync/private/holders.hpp>
 #include <forkpool/pool/worker_info.hpp>
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/internal/blocking_wait.hpp>
@@ -22,11 +21,17 @@ namespace forkpool {
 // The process is the one worker of a pool that then closes: when its task is done the worker
 // exits (maxtasksperchild 1), and nothing replaces it.
 namespace {
-// The Processes of this process, by pid: active_children() asks which still run.
+// The Processes of this process: pid -> the handle's pidfd (not owned; a handle leaves before it
+// closes it). active_children() asks the pidfd, as is_alive() does, so that the two agree: the
+// pidfd turns readable a moment before /proc shows the process as a zombie.
 std::mutex started_lock;
-std::set<pid_t>& started_here() {
-  static auto* pids = new std::set<pid_t>;  // never destroyed: handles may outlive static destruction
+std::map<pid_t, int>& started_here() {
+  static auto* pids = new std::map<pid_t, int>;  // never destroyed: handles may outlive static destruction
   return *pids;
+}
+bool pidfd_readable(int pidfd) {
+  pollfd exited{pidfd, POLLIN, 0};
+  return poll(&exited, 1, 0) != 0;
 }
 void forget_started(pid_t pid) {
   std::lock_guard guard(started_lock);
@@ -47,11 +52,27 @@ void Process::started() {
   // never one opened by pid, which a short task's process may have given up already.
   pidfd_ = pool_->worker_pidfd(pid_);
   std::lock_guard guard(started_lock);
-  started_here().insert(pid_);
+  started_here()[pid_] = pidfd_.get();
 }
 
 Process::Process(Process&&) noexcept = default;
-Process& Process::operator=(Process&&) noexcept = default;
+// The process this handle had ends as it would in the destructor.
+Process& Process::operator=(Process&& other) noexcept {
+  Process taken(std::move(other));
+  swap(taken);
+  return *this;  // `taken` now holds what this handle had, and ends it
+}
+
+void Process::swap(Process& other) noexcept {
+  std::swap(daemon_, other.daemon_);
+  std::swap(closed_exit_code_, other.closed_exit_code_);
+  std::swap(pool_, other.pool_);
+  std::swap(pid_, other.pid_);
+  std::swap(pidfd_, other.pidfd_);
+  std::swap(outcome_, other.outcome_);
+  std::swap(failure_, other.failure_);
+  std::swap(wait_, other.wait_);
+}
 
 Process::~Process() {
   if (!pidfd_) return;
@@ -82,11 +103,7 @@ void Process::close() {
   wait_ = nullptr;
 }
 
-bool Process::is_alive() const {
-  if (!pidfd_) return false;
-  pollfd exited{pidfd_.get(), POLLIN, 0};
-  return poll(&exited, 1, 0) == 0;
-}
+bool Process::is_alive() const { return pidfd_ && !pidfd_readable(pidfd_.get()); }
 
 // How the task ended says how the process did: its result (exit 0), or WorkerLost with the
 // exit code (1: it raised) or the signal.
@@ -140,8 +157,8 @@ pid_t parent_pid() { return detail::starting_parent().value_or(getppid()); }
 std::vector<pid_t> active_children() {
   std::lock_guard guard(started_lock);
   std::vector<pid_t> running;
-  for (pid_t pid : started_here())
-    if (!detail::process_ended(pid)) running.push_back(pid);
+  for (auto [pid, pidfd] : started_here())
+    if (!pidfd_readable(pidfd)) running.push_back(pid);
   return running;
 }
 

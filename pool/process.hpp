@@ -91,6 +91,7 @@ class Process {
  private:
   explicit Process(const ProcessOptions& options);
   void started();
+  void swap(Process& other) noexcept;
   bool daemon_ = true;
   std::optional<int> closed_exit_code_;  // after close()
   std::optional<int> exit_code_from_result() const;

@@ -145,6 +145,41 @@ TEST_P(ProcessTest, AProcessRunsItsFunctionAndEndsWithExitCodeZero) {
   EXPECT_EQ(p.exitcode(), std::optional<int>(0));
 }
 
+void sleep_then_put(Queue<int> q, int x) {
+  std::this_thread::sleep_for(200ms);
+  q.put(x);
+}
+
+// join() returns when the pidfd turns readable, a moment before /proc shows a zombie:
+// active_children() must not list what is_alive() says has ended.
+TEST_P(ProcessTest, AJoinedProcessIsNoLongerAnActiveChild) {
+  Queue<int> q;
+  for (int round = 0; round < 20; ++round) {
+    Process p = start_process(options(), put_square, q, round);
+    ASSERT_TRUE(p.join(10s));
+    EXPECT_FALSE(p.is_alive());
+    std::vector<pid_t> children = active_children();
+    EXPECT_EQ(std::count(children.begin(), children.end(), p.pid()), 0) << "round " << round;
+  }
+}
+
+// Assigning over a handle ends its process as destroying the handle would: a non-daemon
+// process is waited for, not killed.
+TEST_P(ProcessTest, AssigningOverANonDaemonProcessWaitsForItToFinish) {
+  Queue<int> q;
+  ProcessOptions waited = options();
+  waited.daemon = false;
+  Process p = start_process(waited, sleep_then_put, q, 1);
+  pid_t first = p.pid();
+  p = start_process(waited, put_square, q, 3);
+  std::vector<pid_t> children = active_children();
+  EXPECT_EQ(std::count(children.begin(), children.end(), first), 0);
+  std::vector<int> got{test_support::get_within(q), test_support::get_within(q)};
+  std::sort(got.begin(), got.end());
+  EXPECT_EQ(got, (std::vector<int>{1, 9}));
+  EXPECT_TRUE(p.join(10s));
+}
+
 TEST_P(ProcessTest, AnExceptionEscapingTheFunctionIsExitCodeOne) {
   Process p = start_process(options(), raise_domain_error, 0);
   EXPECT_TRUE(p.join(10s));
