@@ -160,7 +160,7 @@ void WorkerLink::wait(std::optional<std::size_t> room_for) {
   const Clock::time_point began = Clock::now();
   if (std::chrono::nanoseconds budget = spin_.budget(); budget.count() > 0) {
     SpinOutcome spun = spin_for(budget, [&](std::uint64_t) { return ready(); });
-    inbound_.control().spin_polls.fetch_add(spun.polls, std::memory_order_relaxed);
+    if (spun.polls > 0) inbound_.control().spin_polls.fetch_add(spun.polls, std::memory_order_relaxed);
     if (spun.preempted) spin_.saw_preemption();
     if (spun.found) {
       if (!room_for) spin_.record(Clock::now() - began);
@@ -353,7 +353,9 @@ std::uint64_t ParentLink::worker_spin_polls() const noexcept {
 std::chrono::nanoseconds ParentLink::spin_budget() {
   if (!expecting_ || !receiver_) return {};
   std::chrono::nanoseconds budget = spin_.budget();
-  if (budget.count() > 0) inbound_.control().consumer_sleeping.store(0, std::memory_order_relaxed);
+  // Stored only when set: the worker reads this line after every entry it publishes.
+  std::atomic<std::uint32_t>& sleeping = inbound_.control().consumer_sleeping;
+  if (budget.count() > 0 && sleeping.load(std::memory_order_relaxed) != 0) sleeping.store(0, std::memory_order_relaxed);
   return budget;
 }
 

@@ -5,8 +5,8 @@
 // hold is a ProtocolError (the peer is then dropped; a peer killed in the middle of a write never
 // published it, since an entry is published by one release store of the head after it is whole).
 //
-// Layout of one direction: a RingControl (head and tail on their own cache lines, with the
-// sleep flags that make wake-ups happen only for a sleeper) and `capacity` bytes of entries.
+// Layout of one direction: a RingControl (head, tail and the sleep flags that make wake-ups
+// happen only for a sleeper, each on its own cache line) and `capacity` bytes of entries.
 // An entry is a RingEntry followed by its payload, padded to kRingAlign; an entry that does not
 // fit before the end is preceded by a wrap entry that fills the rest.
 
@@ -21,14 +21,18 @@ namespace forkpool::detail {
 inline constexpr std::size_t kRingAlign = 32;
 
 struct RingControl {
-  // Producer's line: bytes published so far, and "I wait for room" (the consumer wakes it).
+  // Each field on its own cache line, so that a side reads a line the other rewrites only when it
+  // must: a line that crosses between the CPUs costs about as much as a short round trip.
+  // Bytes published so far: the producer's.
   alignas(64) std::atomic<std::uint64_t> head{0};
-  std::atomic<std::uint32_t> producer_waiting{0};
-  // Consumer's line: bytes consumed so far, "I sleep" (the producer wakes it), and how often the
-  // consumer polled this ring while spinning (tests check that spin = 0 never does).
+  // "I wait for room": the producer's, read by the consumer after it gives room back.
+  alignas(64) std::atomic<std::uint32_t> producer_waiting{0};
+  // Bytes consumed so far: the consumer's.
   alignas(64) std::atomic<std::uint64_t> tail{0};
-  std::atomic<std::uint32_t> consumer_sleeping{0};
-  std::atomic<std::uint64_t> spin_polls{0};
+  // "I sleep": the consumer's, read by the producer after every publication (the producer wakes it).
+  alignas(64) std::atomic<std::uint32_t> consumer_sleeping{0};
+  // How often the consumer polled this ring while spinning (tests check that spin = 0 never does).
+  alignas(64) std::atomic<std::uint64_t> spin_polls{0};
 };
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free && std::atomic<std::uint32_t>::is_always_lock_free);
 
