@@ -27,12 +27,13 @@ namespace forkpool::detail {
 namespace {
 
 // Jobs a worker holds at once: the one it runs and the next, so it never waits for the parent.
-// While its jobs are short (each under kShortJob) the window doubles up to kMaxJobsPerWorker, so
-// that a burst of small tasks travels in batches (one publication and at most one wake-up for
-// many); one long job brings it back. A job behind a short one waits little.
+// While its jobs are short (under kShortJob on average over its window) the window doubles up
+// to kMaxJobsPerWorker, so that a burst of small tasks travels in batches (one publication and
+// at most one wake-up for many); long jobs bring it back. A job behind a short one waits little,
+// and results that are long to make (large tensors) stay two per worker, their memory in cache.
 constexpr std::size_t kJobsPerWorker = 2;
 constexpr std::size_t kMaxJobsPerWorker = 16;
-constexpr auto kShortJob = std::chrono::microseconds(20);
+constexpr auto kShortJob = std::chrono::microseconds(50);
 // A cancel mark must outlive every job the worker may still take up (RunningSlot).
 static_assert(RunningSlot::kCancelMarks >= 2 * kMaxJobsPerWorker);
 // Workers in a row whose initializer threw before the pool gives up and fails its work with the
@@ -320,7 +321,11 @@ void PoolCoreImpl::dispatch() {
     std::shared_ptr<Job> job = std::move(queue_.front());
     queue_.pop_front();
     WorkerSchedule& schedule = worker->schedule;
-    if (worker->in_flight().empty()) schedule.running_since = Clock::now();  // it starts this one at once
+    if (worker->in_flight().empty()) {
+      schedule.running_since = Clock::now();          // it starts this one at once
+      schedule.window_mark = schedule.running_since;  // time idle says nothing of its jobs' length
+      schedule.finished_since_mark = 0;
+    }
     if (options_.maxtasksperchild > 0 && ++schedule.assigned >= options_.maxtasksperchild) schedule.retiring = true;
     worker->send(++next_request_id_, std::move(job));
   }
@@ -339,8 +344,15 @@ void PoolCoreImpl::job_finished(PoolWorker& worker, bool served) {
     initializer_failures_ = 0;  // a worker that serves proves the initializer can succeed
     WorkerSchedule& schedule = worker.schedule;
     Clock::time_point now = Clock::now();
-    bool short_job = now - schedule.running_since < kShortJob;
-    schedule.window = short_job ? std::min(2 * schedule.window, kMaxJobsPerWorker) : kJobsPerWorker;
+    // Jobs are judged on average since the mark, not one by one: results read in one drain of
+    // the ring all finish "now", and all but the first would look as if they took no time.
+    ++schedule.finished_since_mark;
+    bool long_jobs = now - schedule.window_mark >= kShortJob * schedule.finished_since_mark;
+    if (long_jobs || schedule.finished_since_mark >= schedule.window) {
+      schedule.window = long_jobs ? kJobsPerWorker : std::min(2 * schedule.window, kMaxJobsPerWorker);
+      schedule.window_mark = now;
+      schedule.finished_since_mark = 0;
+    }
     if (!worker.in_flight().empty()) schedule.running_since = now;  // it has taken up the next
   }
   dispatch();  // after close(), this also retires the worker once it is idle

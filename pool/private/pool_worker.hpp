@@ -76,6 +76,8 @@ struct WorkerSchedule {
   std::uint64_t stopped_job = 0;    // killed by us to stop this job (cancel, task_timeout)
   std::exception_ptr stop_reason;   // why, when the job is still wanted (TimeoutError)
   std::size_t window = 0;           // jobs it may hold at once (the core sets it when it starts)
+  Clock::time_point window_mark;    // since when finished jobs are counted to judge their length
+  std::size_t finished_since_mark = 0;
 };
 
 class PoolWorker : public std::enable_shared_from_this<PoolWorker> {
