@@ -22,8 +22,8 @@ namespace forkpool {
 // exits (maxtasksperchild 1), and nothing replaces it.
 namespace {
 // The Processes of this process: pid -> the handle's pidfd (not owned; a handle leaves before it
-// closes it). active_children() asks the pidfd, as is_alive() does, so that the two agree: the
-// pidfd turns readable a moment before /proc shows the process as a zombie.
+// closes it). active_children() asks the pidfd, as is_alive() does, so that the two agree (CI
+// once saw /proc show a process as running after its pidfd had said it ended).
 std::mutex started_lock;
 std::map<pid_t, int>& started_here() {
   static auto* pids = new std::map<pid_t, int>;  // never destroyed: handles may outlive static destruction
