@@ -8,6 +8,9 @@
 
 #include <gtest/gtest.h>
 
+#include <forkpool/pool/process.hpp>
+
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -62,6 +65,11 @@ std::chrono::milliseconds cpu_time_of(pid_t pid) {
 bool process_alive(pid_t pid) {
   char state = process_state(pid);
   return state != '?' && state != 'Z' && state != 'X';
+}
+
+bool is_active_child(pid_t pid) {
+  std::vector<pid_t> children = active_children();
+  return std::find(children.begin(), children.end(), pid) != children.end();
 }
 
 std::vector<pid_t> children_of(pid_t pid) {

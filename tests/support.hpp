@@ -47,6 +47,8 @@ std::chrono::milliseconds cpu_time_of(pid_t pid);
 // Whether process `pid` still runs (a zombie, waiting for a reaper that may never come in a
 // container without an init, counts as gone).
 bool process_alive(pid_t pid);
+// Whether active_children() lists `pid`.
+bool is_active_child(pid_t pid);
 
 // The children of process `pid` (of all its threads), its name (comm) and state letter ('R',
 // 'S', 'Z'...; '?' when it is gone).

@@ -1225,10 +1225,7 @@ TEST_P(SyncTest, CPythonBarrierTestThousand) {
 
 // ---- _TestProcess. forkpool's start_process starts at once, so the checks CPython makes on a
 // Process not yet started have no counterpart; keyword arguments and authkey neither.
-bool is_active_child(pid_t pid) {
-  std::vector<pid_t> children = active_children();
-  return std::find(children.begin(), children.end(), pid) != children.end();
-}
+using test_support::is_active_child;
 
 // _TestProcess._test: the args, the process's name and pid, back to the test.
 void cpython_process_test(Queue<std::string> q, int a, int b) {
