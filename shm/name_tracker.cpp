@@ -158,8 +158,11 @@ bool receive_message(int socket, std::string& message, pid_t& sender) {
   sigprocmask(SIG_SETMASK, &none, nullptr);  // blocked since the fork (fork_helper)
   prctl(PR_SET_NAME, "forkpool-shm");
   // A session (and process group) of its own: a kill of the program's whole group (a job
-  // control SIGKILL, a supervisor's killpg) leaves it to unlink what the group held.
+  // control SIGKILL, a supervisor's killpg) leaves it to unlink what the group held. The
+  // process that started us waits for this word: until then a group kill would take us too.
   setsid();
+  const char ready = 'R';
+  if (::send(socket, &ready, 1, MSG_NOSIGNAL) != 1) _exit(1);
   close_descriptors_from(3, {socket});
   TrackerState state;
   std::string message;
@@ -225,7 +228,21 @@ class Tracker {
       our_end.reset();
       tracker_main(tracker_end.release());
     }
+    tracker_end.reset();
+    wait_until_ready(our_end.get());
     keep(our_end.get());
+  }
+
+  // Until the tracker has left our process group (it says so once): a group kill right after
+  // the first segment (CI saw one on a loaded machine, before the tracker had run at all) would
+  // otherwise end it with the group, and nothing would unlink what the group held.
+  static void wait_until_ready(int socket) {
+    char ready = 0;
+    ssize_t n;
+    while ((n = ::recv(socket, &ready, 1, 0)) < 0 && errno == EINTR) {}
+    if (n < 0) throw_last_errno("forkpool: name tracker start");
+    if (n != 1 || ready != 'R')
+      throw std::system_error(ECHILD, std::generic_category(), "forkpool: the name tracker ended as it started");
   }
 
   // Our socket, at a number helpers keep (kTrackerFdFloor or above).
