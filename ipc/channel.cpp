@@ -48,7 +48,8 @@ std::pair<Channel, Channel> Channel::make_pair() {
 }
 
 std::size_t Channel::inline_limit() {
-  if (inline_limit_ == kUnknownLimit) {
+  std::size_t limit = inline_limit_.load(std::memory_order_relaxed);
+  if (limit == kUnknownLimit) {
     // A unix datagram of more than the send buffer less 32 bytes is EMSGSIZE.
     constexpr std::size_t kSpare = 512 + sizeof(FrameHeader);
     int sndbuf = 0;
@@ -57,9 +58,10 @@ std::size_t Channel::inline_limit() {
     if (getsockopt(fd_.get(), SOL_SOCKET, SO_SNDBUF, &sndbuf, &length) == 0 &&
         static_cast<std::size_t>(sndbuf) > kSpare)
       fits = static_cast<std::size_t>(sndbuf) - kSpare;
-    inline_limit_ = std::min(fits, kInlinePayloadMax);
+    limit = std::min(fits, kInlinePayloadMax);
+    inline_limit_.store(limit, std::memory_order_relaxed);
   }
-  return inline_limit_;
+  return limit;
 }
 
 void Channel::send(std::uint16_t kind, std::uint64_t request_id, std::span<const std::byte> payload,

@@ -1,8 +1,12 @@
 #pragma once
 // Channel: one end of an AF_UNIX SOCK_SEQPACKET socketpair carrying frames. The parent side
-// sends and receives on the event loop; a worker may use the blocking calls.
+// sends and receives on the event loop; a worker may use the blocking calls. send() and
+// try_send() may be called from several threads at once (a datagram is sent whole); the
+// receiving calls and async_send belong to one thread.
 
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 
@@ -16,6 +20,16 @@ namespace forkpool::detail {
 class Channel {
  public:
   explicit Channel(UniqueFd fd) : fd_(std::move(fd)) {}
+  Channel(Channel&& other) noexcept
+      : fd_(std::move(other.fd_)),
+        inline_limit_(other.inline_limit_.load(std::memory_order_relaxed)),
+        receiver_(std::move(other.receiver_)) {}
+  Channel& operator=(Channel&& other) noexcept {
+    fd_ = std::move(other.fd_);
+    inline_limit_.store(other.inline_limit_.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    receiver_ = std::move(other.receiver_);
+    return *this;
+  }
 
   // Two connected ends, close-on-exec.
   static std::pair<Channel, Channel> make_pair();
@@ -56,8 +70,9 @@ class Channel {
   std::size_t inline_limit();
 
   UniqueFd fd_;
-  std::size_t inline_limit_ = kUnknownLimit;
   static constexpr std::size_t kUnknownLimit = ~std::size_t{0};
+  // Asked of the kernel on first use, by whichever sending thread comes first (all find the same).
+  std::atomic<std::size_t> inline_limit_{kUnknownLimit};
   // Heap-allocated on first receive: the buffers are large, the Channel moves, and a Channel
   // that only sends never needs them.
   std::unique_ptr<FrameReceiver> receiver_;
