@@ -32,8 +32,8 @@ using test_support::eventually;
 
 using namespace std::chrono_literals;
 using test_support::children_named;
+using test_support::expect_passes_in_fresh_process;
 using test_support::in_fresh_process;
-using test_support::rerun_in_fresh_process;
 using test_support::run_in_child;
 
 bool segment_exists(const std::string& name) { return std::filesystem::exists("/dev/shm/" + name); }
@@ -73,12 +73,7 @@ class FileSystemTest : public ::testing::TestWithParam<StartMethod> {
 };
 
 TEST_P(FileSystemTest, ATensorAWorkerMadeOutlivesThatWorkerWhenThePoolCameBeforeAnySegment) {
-  if (!in_fresh_process()) {
-    int status = rerun_in_fresh_process();  // a process whose tree has no tracker yet
-    ASSERT_TRUE(WIFEXITED(status));
-    EXPECT_EQ(WEXITSTATUS(status), 0);
-    return;
-  }
+  if (!in_fresh_process()) return expect_passes_in_fresh_process();  // a process whose tree has no tracker yet
   ASSERT_TRUE(children_named("forkpool-shm").empty());
   PoolOptions o = options(1);
   o.maxtasksperchild = 1;  // the worker that makes the tensor exits after it
@@ -130,12 +125,7 @@ TEST_P(FileSystemTest, JunkATaskWritesToTheTrackerSpoilsNoRegistration) {
 }
 
 TEST_P(FileSystemTest, NothingIsLeftAfterTheWholeProcessGroupIsKilled) {
-  if (!in_fresh_process()) {
-    int status = rerun_in_fresh_process();  // a process tree whose tracker the group will hold
-    ASSERT_TRUE(WIFEXITED(status));
-    EXPECT_EQ(WEXITSTATUS(status), 0);
-    return;
-  }
+  if (!in_fresh_process()) return expect_passes_in_fresh_process();  // a process tree whose tracker the group will hold
   int names[2];
   ASSERT_EQ(pipe(names), 0);
   pid_t child = fork();
@@ -174,12 +164,7 @@ TEST_P(FileSystemTest, NothingIsLeftAfterTheWholeProcessGroupIsKilled) {
 // forking process runs on after the fork and the child waits for the CPU: without the tracker's
 // word it has usually not run at all when the tensor is made (3 runs in 5 failed so).
 TEST(FileSystemTracker, HasASessionOfItsOwnOnceTheFirstSegmentExists) {
-  if (!in_fresh_process()) {
-    int status = rerun_in_fresh_process();  // a process whose tree has no tracker yet
-    ASSERT_TRUE(WIFEXITED(status));
-    EXPECT_EQ(WEXITSTATUS(status), 0);
-    return;
-  }
+  if (!in_fresh_process()) return expect_passes_in_fresh_process();  // a process whose tree has no tracker yet
   cpu_set_t one;
   CPU_ZERO(&one);
   CPU_SET(sched_getcpu(), &one);

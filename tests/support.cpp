@@ -180,4 +180,10 @@ int rerun_in_fresh_process() {
   return status;
 }
 
+void expect_passes_in_fresh_process() {
+  int status = rerun_in_fresh_process();
+  ASSERT_TRUE(WIFEXITED(status)) << "the fresh process ended by signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
 }  // namespace forkpool::test_support

@@ -113,5 +113,8 @@ int run_in_child_within(std::chrono::seconds limit, const std::function<void()>&
 // process `in_fresh_process()` is true. For tests about what a process starts once.
 int rerun_in_fresh_process();
 bool in_fresh_process();
+// rerun_in_fresh_process(), and a failure here unless the test passed there. A test about
+// what a process starts once begins: if (!in_fresh_process()) return expect_passes_in_fresh_process();
+void expect_passes_in_fresh_process();
 
 }  // namespace forkpool::test_support
