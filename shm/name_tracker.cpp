@@ -32,6 +32,9 @@ namespace {
 // Above the descriptors helpers renumber (0-3) and out of the way of ordinary ones.
 constexpr int kTrackerFdFloor = 64;
 
+// The tracker's one message to the process that started it: it has a session of its own.
+constexpr char kTrackerReady = 'R';
+
 // How long a name outlives its last holder's death: time for a message carrying it to arrive.
 constexpr auto kGrace = std::chrono::milliseconds(500);
 
@@ -161,8 +164,7 @@ bool receive_message(int socket, std::string& message, pid_t& sender) {
   // control SIGKILL, a supervisor's killpg) leaves it to unlink what the group held. The
   // process that started us waits for this word: until then a group kill would take us too.
   setsid();
-  const char ready = 'R';
-  if (::send(socket, &ready, 1, MSG_NOSIGNAL) != 1) _exit(1);
+  if (::send(socket, &kTrackerReady, 1, MSG_NOSIGNAL) != 1) _exit(1);
   close_descriptors_from(3, {socket});
   TrackerState state;
   std::string message;
@@ -241,7 +243,7 @@ class Tracker {
     ssize_t n;
     while ((n = ::recv(socket, &ready, 1, 0)) < 0 && errno == EINTR) {}
     if (n < 0) throw_last_errno("forkpool: name tracker start");
-    if (n != 1 || ready != 'R')
+    if (n != 1 || ready != kTrackerReady)
       throw std::system_error(ECHILD, std::generic_category(), "forkpool: the name tracker ended as it started");
   }
 
