@@ -136,10 +136,7 @@ Message FrameReceiver::finish(long result) {
     if (header.payload_size != inline_size)
       throw fail("header announces " + std::to_string(header.payload_size) + " payload bytes, " +
                  std::to_string(inline_size) + " arrived");
-    ByteBuffer bytes = detail::take_spare_buffer(inline_size);
-    bytes.resize(inline_size);
-    if (inline_size > 0) std::memcpy(bytes.data(), buffer_.data() + sizeof(FrameHeader), inline_size);
-    message.payload = Payload(std::move(bytes));
+    message.payload = Payload(std::span<const std::byte>(buffer_.data() + sizeof(FrameHeader), inline_size));
   }
   message.fds = std::move(fds);
   return message;

@@ -69,9 +69,7 @@ Message message_of(const RingRecord& record) {
   Message message;
   message.kind = record.kind;
   message.request_id = record.request_id;
-  ByteBuffer bytes = take_spare_buffer(record.payload.size());
-  bytes.assign(record.payload.begin(), record.payload.end());
-  message.payload = Payload(std::move(bytes));
+  message.payload = Payload(record.payload);
   return message;
 }
 

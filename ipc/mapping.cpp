@@ -14,8 +14,8 @@ Mapping Mapping::map(int fd, std::size_t size, int protection, off_t offset) {
   return Mapping(address, size);
 }
 
-void Mapping::reset() noexcept {
-  if (address_) munmap(address_, size_);
+void Mapping::unmap() noexcept {
+  munmap(address_, size_);
   address_ = nullptr;
   size_ = 0;
 }

@@ -17,7 +17,7 @@ using forkpool::detail::IncomingBlocks;
 
 // Passes a local job's results to its own sink and tells the core when the job has no more to
 // give, so that its node can be given another.
-class LocalSink final : public JobSink {
+class LocalSink final : public JobSink, public std::enable_shared_from_this<LocalSink> {
  public:
   LocalSink(std::shared_ptr<JobSink> target, std::weak_ptr<MpiPoolCore> core, std::uint64_t elements)
       : target_(std::move(target)), core_(std::move(core)), remaining_(elements) {}

@@ -95,20 +95,18 @@ class MapSink final : public JobSink {
   std::shared_ptr<ResultState<std::vector<W>>> state_;
 };
 
+// One apply_async call: its result and the sink that fills it, in one allocation (a million
+// calls a second cannot afford two).
 template <class R>
-class ApplySink final : public JobSink {
+class ApplySink final : public ResultState<R>, public JobSink {
  public:
-  explicit ApplySink(std::shared_ptr<ResultState<R>> state) : state_(std::move(state)) {}
   void chunk_done(std::size_t, const ElementRange& range, Reader& results) override {
     std::optional<NonVoid<R>> value;
     read_results<NonVoid<R>>(results, range, 1, [&](std::size_t, NonVoid<R>&& v) { value.emplace(std::move(v)); });
-    state_->set_value(std::move(*value));
+    this->set_value(std::move(*value));
   }
-  void chunk_failed(std::size_t, std::exception_ptr error) override { state_->set_error(std::move(error)); }
-  bool abandoned() const override { return state_->ready(); }
-
- private:
-  std::shared_ptr<ResultState<R>> state_;
+  void chunk_failed(std::size_t, std::exception_ptr error) override { this->set_error(std::move(error)); }
+  bool abandoned() const override { return this->ready(); }
 };
 
 // Lets `state`'s cancel() stop the jobs of `sink` on `core`.
@@ -225,13 +223,12 @@ class Pool {
     core_->check_owner("Pool::apply_async");
     using Element = std::tuple<Args...>;
     using R = detail::CallResult<F, Element, true>;
-    auto state = std::make_shared<detail::ResultState<R>>();
-    auto sink = std::make_shared<detail::ApplySink<R>>(state);
-    detail::connect_cancel(*state, core_, sink.get());
+    auto call = std::make_shared<detail::ApplySink<R>>();
+    detail::connect_cancel(*call, core_, static_cast<const detail::JobSink*>(call.get()));
     Element element(std::move(args)...);
     const Element* it = &element;
-    core_->submit(detail::make_job<F, Element, true>(f, it, &element + 1, 1, sink, 0));
-    return AsyncResult<R>(std::move(state));
+    core_->submit(detail::make_job<F, Element, true>(f, it, &element + 1, 1, call, 0));
+    return AsyncResult<R>(std::move(call));
   }
 
   // f on every input, results in input order, started at once. chunksize 0: inputs / (4 ×

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <optional>
 #include <stdexcept>
 #include <stop_token>
 #include <string>
@@ -87,7 +88,9 @@ class PoolCoreImpl final : public PoolCore, public WorkerEvents, public std::ena
   void job_finished(PoolWorker& worker, bool served) override;
   void hold_sends() override { ++sends_held_; }
   void release_sends() override {
-    if (--sends_held_ == 0) flush_workers();
+    if (--sends_held_ > 0) return;
+    held_time_.reset();
+    flush_workers();
   }
   void worker_gone(const std::shared_ptr<PoolWorker>& worker) override;
 
@@ -133,8 +136,17 @@ class PoolCoreImpl final : public PoolCore, public WorkerEvents, public std::ena
   std::uint64_t seed_base_ = 0;
   bool closed_ = false;
   bool terminated_ = false;
-  int open_streams_ = 0;          // streams that may still submit, also after close()
-  int sends_held_ = 0;            // hold_sends() without its release_sends() yet
+  int open_streams_ = 0;  // streams that may still submit, also after close()
+  int sends_held_ = 0;    // hold_sends() without its release_sends() yet
+  // The time as the scheduler sees it: while sends are held (a drain of replies, a window of
+  // submits), the time it was first asked for then. Replies read in one drain all finish at once:
+  // one clock read per drain, not per reply (a job's length is judged on average over many).
+  std::optional<Clock::time_point> held_time_;
+  Clock::time_point schedule_time() {
+    if (sends_held_ == 0) return Clock::now();
+    if (!held_time_) held_time_ = Clock::now();
+    return *held_time_;
+  }
   int initializer_failures_ = 0;  // consecutive workers whose initializer threw
   std::exception_ptr broken_;     // why no worker can be started any more (the initializer)
   OneShot all_exited_;
@@ -322,9 +334,10 @@ void PoolCoreImpl::dispatch() {
     queue_.pop_front();
     WorkerSchedule& schedule = worker->schedule;
     if (worker->in_flight().empty()) {
-      schedule.running_since = Clock::now();          // it starts this one at once
-      schedule.window_mark = schedule.running_since;  // time idle says nothing of its jobs' length
+      schedule.window_mark = schedule_time();  // time idle says nothing of its jobs' length
       schedule.finished_since_mark = 0;
+      // It starts this one at once. A deadline needs the true time: a drain may have run long.
+      if (options_.task_timeout > std::chrono::nanoseconds::zero()) schedule.running_since = Clock::now();
     }
     if (options_.maxtasksperchild > 0 && ++schedule.assigned >= options_.maxtasksperchild) schedule.retiring = true;
     worker->send(++next_request_id_, std::move(job));
@@ -343,7 +356,7 @@ void PoolCoreImpl::job_finished(PoolWorker& worker, bool served) {
   if (served) {
     initializer_failures_ = 0;  // a worker that serves proves the initializer can succeed
     WorkerSchedule& schedule = worker.schedule;
-    Clock::time_point now = Clock::now();
+    Clock::time_point now = schedule_time();
     // Jobs are judged on average since the mark, not one by one: results read in one drain of
     // the ring all finish "now", and all but the first would look as if they took no time.
     ++schedule.finished_since_mark;
@@ -353,7 +366,9 @@ void PoolCoreImpl::job_finished(PoolWorker& worker, bool served) {
       schedule.window_mark = now;
       schedule.finished_since_mark = 0;
     }
-    if (!worker.in_flight().empty()) schedule.running_since = now;  // it has taken up the next
+    // It has taken up the next.
+    if (!worker.in_flight().empty() && options_.task_timeout > std::chrono::nanoseconds::zero())
+      schedule.running_since = Clock::now();
   }
   dispatch();  // after close(), this also retires the worker once it is idle
 }

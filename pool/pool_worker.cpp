@@ -197,7 +197,11 @@ Task<void> PoolWorker::send_one(std::shared_ptr<Job> job, std::uint64_t id) {
 bool PoolWorker::send_at_once(Job& job, std::uint64_t id) {
   if (!job.root().attachments.fds().empty()) return false;
   try {
-    if (!objects_->to_introduce(*this, job.payload).empty()) return false;
+    std::array<std::uint64_t, 2> code = task_code_addresses(job.payload);
+    if (code != known_code_) {
+      if (!objects_->to_introduce(*this, job.payload).empty()) return false;
+      known_code_ = code;
+    }
   } catch (const Error&) {
     return false;  // send_one() fails the job with it
   }

@@ -33,7 +33,9 @@ class Mapping {
   std::byte* data() const noexcept { return static_cast<std::byte*>(address_); }
   std::size_t size() const noexcept { return size_; }
   std::span<std::byte> bytes() const noexcept { return {data(), size_}; }
-  void reset() noexcept;
+  void reset() noexcept {
+    if (address_) unmap();
+  }
   // Gives the mapping up without unmapping it: it stays until the process ends.
   void leak() noexcept {
     address_ = nullptr;
@@ -41,6 +43,7 @@ class Mapping {
   }
 
  private:
+  void unmap() noexcept;
   Mapping(void* address, std::size_t size) noexcept : address_(address), size_(size) {}
   void* address_ = nullptr;
   std::size_t size_ = 0;

@@ -22,7 +22,7 @@ struct ElementRange {
 
 // Who waits for the chunks of one call (a map, an apply_async, a stream). Called on the pool's
 // thread, inside the loop's turn that received the reply.
-class JobSink : public std::enable_shared_from_this<JobSink> {
+class JobSink {
  public:
   virtual ~JobSink() = default;
   // Decodes the results of elements `range` of chunk `chunk` (the whole chunk, unless a worker

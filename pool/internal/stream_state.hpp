@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
@@ -20,7 +21,7 @@
 namespace forkpool::detail {
 
 template <class R>
-class StreamState : public JobSink {
+class StreamState : public JobSink, public std::enable_shared_from_this<StreamState<R>> {
  public:
   // The window bounds the chunks running plus the results the consumer could take now and has
   // not: a consumer that falls behind stops the workers, so memory stays within the window (a
@@ -61,7 +62,7 @@ class StreamState : public JobSink {
       if (std::optional<Outcome> outcome = self->take_ready()) {
         --self->in_flight_;
         self->fill_window();  // its place in the window is free again (bound_unconsumed)
-        self->current_.clear();
+        self->keep_spare(std::move(self->current_));
         self->position_ = 0;
         if (outcome->error) std::rethrow_exception(outcome->error);
         self->current_ = std::move(outcome->values);
@@ -77,9 +78,10 @@ class StreamState : public JobSink {
 
   void chunk_done(std::size_t chunk, const ElementRange& range, Reader& results) override {
     if (!awaited(chunk)) return;  // failed already
-    std::size_t expected = chunk_sizes_.at(chunk);
+    std::size_t expected = slot_of(chunk)->size;
     if (range.size() == expected) {
       Outcome outcome;
+      outcome.values = take_spare();
       outcome.values.reserve(expected);
       read_results<R>(results, range, expected,
                       [&](std::size_t, R&& value) { outcome.values.push_back(std::move(value)); });
@@ -114,7 +116,11 @@ class StreamState : public JobSink {
   // The input's size, when it is known before it is read (a sized range).
   void set_known_total(std::size_t total) { known_total_ = total; }
   void record_chunk_size(std::size_t index, std::size_t size) {
-    chunk_sizes_[index] = size;
+    if (slots_.empty()) first_slot_ = index;
+    while (first_slot_ + slots_.size() <= index) slots_.emplace_back().taken = true;  // none skipped, as a rule
+    Slot& slot = slots_[index - first_slot_];
+    slot = Slot{};
+    slot.size = size;
     submitted_elements_ += size;
   }
   // Chunk `chunk` (recorded with size 1) arrives as `value`, without a worker.
@@ -135,13 +141,50 @@ class StreamState : public JobSink {
     std::exception_ptr error;
   };
 
+  // One chunk from its submission until it is handed out.
+  struct Slot {
+    std::size_t size = 0;  // its elements
+    bool arrived = false;
+    bool taken = false;  // handed out (unordered: maybe before chunks submitted earlier)
+    Outcome outcome;
+  };
+
   struct Parts {
     std::vector<std::optional<R>> values;
     std::uint64_t filled = 0;
   };
 
+  // Submitted and not handed out: its slot, else null.
+  Slot* slot_of(std::size_t chunk) {
+    if (chunk < first_slot_ || chunk - first_slot_ >= slots_.size()) return nullptr;
+    Slot& slot = slots_[chunk - first_slot_];
+    return slot.taken ? nullptr : &slot;
+  }
   // Submitted, and neither arrived nor handed out yet.
-  bool awaited(std::size_t chunk) const { return chunk_sizes_.contains(chunk) && !arrived_.contains(chunk); }
+  bool awaited(std::size_t chunk) {
+    Slot* slot = slot_of(chunk);
+    return slot && !slot->arrived;
+  }
+  bool arrived(std::size_t chunk) {
+    Slot* slot = slot_of(chunk);
+    return slot && slot->arrived;
+  }
+
+  // Result vectors are reused: a stream of chunks of one costs no allocation per result.
+  static constexpr std::size_t kMaxSpares = 64;
+  static constexpr std::size_t kMaxSpareBytes = 4096;
+  std::vector<R> take_spare() {
+    if (spares_.empty()) return {};
+    std::vector<R> values = std::move(spares_.back());
+    spares_.pop_back();
+    return values;
+  }
+  void keep_spare(std::vector<R>&& values) {
+    values.clear();
+    if (values.capacity() == 0 || values.capacity() * sizeof(R) > kMaxSpareBytes || spares_.size() >= kMaxSpares)
+      return;
+    spares_.push_back(std::move(values));
+  }
 
   struct ChunkArrival {
     StreamState* state;
@@ -182,16 +225,16 @@ class StreamState : public JobSink {
   void fail_input(std::exception_ptr error) {
     exhausted_ = true;
     input_error_ = std::move(error);
-    if (auto recorded = chunk_sizes_.find(next_chunk_); recorded != chunk_sizes_.end()) {
-      submitted_elements_ -= recorded->second;
-      chunk_sizes_.erase(recorded);
+    if (Slot* recorded = slot_of(next_chunk_)) {
+      submitted_elements_ -= recorded->size;
+      slots_.pop_back();  // the last recorded: chunks are recorded in order
     }
   }
 
   std::optional<Outcome> take_ready() {
     std::size_t chunk;
     if (ordered_) {
-      if (!arrived_.contains(next_to_yield_)) return std::nullopt;
+      if (!arrived(next_to_yield_)) return std::nullopt;
       chunk = next_to_yield_++;
       --ordered_takeable_;
     } else {
@@ -199,17 +242,25 @@ class StreamState : public JobSink {
       chunk = arrival_order_.front();
       arrival_order_.pop_front();
     }
-    auto node = arrived_.extract(chunk);
-    chunk_sizes_.erase(chunk);
-    return std::move(node.mapped());
+    Slot& slot = *slot_of(chunk);
+    Outcome outcome = std::move(slot.outcome);
+    slot.taken = true;
+    while (!slots_.empty() && slots_.front().taken) {
+      slots_.pop_front();
+      ++first_slot_;
+    }
+    return outcome;
   }
 
   void arrive(std::size_t chunk, Outcome outcome) {
+    Slot* slot = slot_of(chunk);
+    if (!slot) throw std::logic_error("forkpool: a stream's chunk arrived that was never submitted");
     --running_;
-    done_elements_ += chunk_sizes_.at(chunk);
-    arrived_.emplace(chunk, std::move(outcome));
+    done_elements_ += slot->size;
+    slot->arrived = true;
+    slot->outcome = std::move(outcome);
     if (ordered_) {
-      while (arrived_.contains(next_to_yield_ + ordered_takeable_)) ++ordered_takeable_;  // a gap may have closed
+      while (arrived(next_to_yield_ + ordered_takeable_)) ++ordered_takeable_;  // a gap may have closed
     } else {
       arrival_order_.push_back(chunk);
     }
@@ -231,8 +282,9 @@ class StreamState : public JobSink {
   std::optional<std::size_t> known_total_;
   bool exhausted_ = false;
   std::exception_ptr input_error_;  // handed out after every earlier result
-  std::map<std::size_t, std::size_t> chunk_sizes_;
-  std::map<std::size_t, Outcome> arrived_;
+  std::deque<Slot> slots_;          // chunks [first_slot_, first_slot_ + size): submitted, some handed out
+  std::size_t first_slot_ = 0;      // the oldest chunk not yet handed out
+  std::vector<std::vector<R>> spares_;
   std::map<std::size_t, Parts> parts_;  // chunks whose parts are arriving separately
   std::deque<std::size_t> arrival_order_;
   std::vector<R> current_;

@@ -9,6 +9,7 @@
 
 #include <sys/types.h>
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -168,6 +169,9 @@ class PoolWorker : public std::enable_shared_from_this<PoolWorker> {
   bool ready_ = false;                     // its initializer succeeded: no error can be the initializer's
   std::uint64_t last_replied_ = 0;         // the highest request id it answered
   std::set<std::uintptr_t> objects_sent_;  // objects it was told to load
+  // The code addresses of a task it was found to know (what it knows only grows): a run of
+  // tasks of one function skips the lookups.
+  std::array<std::uint64_t, 2> known_code_{};
   ExitStatus status_;
   OneShot exited_;
   // Set by begin(); the events are dropped once the worker is gone (they own the workers).
