@@ -77,11 +77,14 @@ bool RingProducer::publish() noexcept {
 }
 
 std::optional<RingRecord> RingConsumer::peek() {
-  std::uint64_t head = view_.control->head.load(std::memory_order_acquire);
+  std::uint64_t head = head_seen_;
   std::uint64_t cursor = tail_;
   std::uint32_t sequence = sequence_;
   for (;;) {
-    if (head == cursor) return std::nullopt;
+    if (head == cursor) {
+      head = head_seen_ = view_.control->head.load(std::memory_order_acquire);
+      if (head == cursor) return std::nullopt;
+    }
     if (head < cursor || head - cursor > view_.capacity || (head - cursor) % kRingAlign != 0)
       broken("the producer's position " + std::to_string(head) + " is impossible after " + std::to_string(cursor));
     std::uint64_t at = cursor % view_.capacity;

@@ -160,7 +160,9 @@ void PeerMemory::accept_release(std::span<const std::byte> payload) {
 Writer PeerMemory::Release::encode() const { return forkpool::encode(std::pair(blocks, slabs)); }
 
 PeerMemory::Release PeerMemory::take_release() {
+  if (!release_pending_.load(std::memory_order_acquire)) return {};  // most calls: no lock taken
   std::lock_guard lock(mutex_);
+  release_pending_.store(false, std::memory_order_relaxed);
   return std::exchange(due_, {});
 }
 
@@ -168,6 +170,7 @@ void PeerMemory::restore(Release release) {
   std::lock_guard lock(mutex_);
   due_.blocks.insert(due_.blocks.end(), release.blocks.begin(), release.blocks.end());
   due_.slabs.insert(due_.slabs.end(), release.slabs.begin(), release.slabs.end());
+  release_pending_.store(!due_.empty(), std::memory_order_release);
 }
 
 void PeerMemory::on_release_due(std::function<void(PeerMemory&)> callback) {
@@ -185,6 +188,7 @@ void PeerMemory::peer_gone() {
   peer_name_.clear();
   borrowed_.clear();
   due_ = {};
+  release_pending_.store(false, std::memory_order_relaxed);
 }
 
 void PeerMemory::storage_released(std::uint64_t storage_id) {
@@ -206,6 +210,7 @@ void PeerMemory::slab_released(std::uint64_t slab_id) {
 }
 
 void PeerMemory::release_due(std::unique_lock<std::mutex>& lock) {
+  release_pending_.store(true, std::memory_order_release);
   std::function<void(PeerMemory&)> callback = on_release_due_;
   lock.unlock();
   if (callback) callback(*this);

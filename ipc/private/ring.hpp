@@ -111,7 +111,10 @@ class RingConsumer {
   std::optional<RingRecord> peek();
   // True when an entry is published (unchecked: peek() says what it is).
   // seq_cst: after a side announces sleep, this load must see a head published before it looked.
-  bool ready() const noexcept { return view_.control->head.load(std::memory_order_seq_cst) != tail_; }
+  // Entries already seen published need no load.
+  bool ready() const noexcept {
+    return head_seen_ != tail_ || view_.control->head.load(std::memory_order_seq_cst) != tail_;
+  }
   // Consumes the entry peek() returned and publishes the room.
   void pop() noexcept;
   // As pop(), but the room shows only at the next publish_room() (or pop()), or once a quarter
@@ -125,7 +128,10 @@ class RingConsumer {
   RingView view_;
   std::uint64_t tail_ = 0;
   std::uint64_t room_published_ = 0;  // the shared copy of tail_
-  std::uint64_t pending_ = 0;         // bytes of the entry peek() returned (a wrap before it included)
+  // The producer's head as last read: entries up to it are whole and ours to read, so its line
+  // (which the producer writes on every publish) is read again only once they are all read.
+  std::uint64_t head_seen_ = 0;
+  std::uint64_t pending_ = 0;  // bytes of the entry peek() returned (a wrap before it included)
   std::uint32_t sequence_ = 0;
   std::uint32_t pending_sequence_ = 0;  // sequence_ after pop()
 };

@@ -234,8 +234,9 @@ std::array<std::uint64_t, 2> task_code_addresses(std::span<const std::byte> payl
 // range in its trailer patched, sharing the job's blocks.
 std::shared_ptr<Job> job_part(const std::shared_ptr<Job>& job, std::uint64_t first, std::uint64_t end);
 
-// What a task of a few plain arguments takes: head, elements, range and an empty block table.
-inline constexpr std::size_t kSmallTaskBytes = 128;
+// What a task of a few plain arguments takes: head, elements, range and an empty block table
+// (held inline in its job).
+inline constexpr std::size_t kSmallTaskBytes = JobPayload::kInlineBytes;
 
 // Encodes up to `limit` elements from [it, end) as one task message into `job` (payload, loan,
 // attachments); returns how many it took.

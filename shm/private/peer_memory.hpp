@@ -27,6 +27,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -105,6 +106,8 @@ class PeerMemory final : public ReleaseListener, public std::enable_shared_from_
   LentBlocks lent_;
   BorrowedBlocks<OverTheConversation> borrowed_;
   Release due_;
+  // due_ is not empty: read without the lock, so that the common call finds nothing cheaply.
+  std::atomic<bool> release_pending_{false};
   std::function<void(PeerMemory&)> on_release_due_;
 };
 
