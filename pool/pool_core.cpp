@@ -118,7 +118,8 @@ class PoolCoreImpl final : public PoolCore, public WorkerEvents, public std::ena
   void dispatch();
   void flush_workers() noexcept;
   // The live worker to send `job` to now: its pinned one, else the least busy with room.
-  std::shared_ptr<PoolWorker> pick_worker(const Job& job);
+  // The worker to send `job` to (one of workers_), or null when none may take it now.
+  PoolWorker* pick_worker(const Job& job);
   void retire_if_idle(PoolWorker& worker);
   void fail_queue(const std::exception_ptr& error);
   void stop_running_job(PoolWorker& worker, std::uint64_t id, std::exception_ptr reason);
@@ -302,17 +303,17 @@ std::size_t PoolCoreImpl::jobs_wanted() const noexcept {
   return std::max(wanted, kJobsPerWorker * static_cast<std::size_t>(processes_));
 }
 
-std::shared_ptr<PoolWorker> PoolCoreImpl::pick_worker(const Job& job) {
-  std::shared_ptr<PoolWorker> best;
+PoolWorker* PoolCoreImpl::pick_worker(const Job& job) {
+  PoolWorker* best = nullptr;
   for (auto& w : workers_) {
     if (w->schedule.retiring || w->write_closed() || w->failure() || w->exited()) continue;
     // A pinned job's stream bounds what it sends (its prefetch), not the worker's window.
     if (job.pinned_worker >= 0) {
-      if (w->index() == job.pinned_worker) return w;
+      if (w->index() == job.pinned_worker) return w.get();
       continue;
     }
     if (w->in_flight().size() >= w->schedule.window) continue;
-    if (!best || w->in_flight().size() < best->in_flight().size()) best = w;
+    if (!best || w->in_flight().size() < best->in_flight().size()) best = w.get();
   }
   return best;
 }
@@ -328,7 +329,7 @@ void PoolCoreImpl::dispatch() {
       queue_.pop_front();  // its map has failed: nobody wants what it would compute
       continue;
     }
-    std::shared_ptr<PoolWorker> worker = pick_worker(*queue_.front());
+    PoolWorker* worker = pick_worker(*queue_.front());  // workers_ holds it
     if (!worker) break;
     std::shared_ptr<Job> job = std::move(queue_.front());
     queue_.pop_front();

@@ -194,8 +194,11 @@ class StreamState : public JobSink, public std::enable_shared_from_this<StreamSt
   };
 
   void fill_window() {
+    const std::size_t limit = window();  // read once: if it grows meanwhile, the next call fills it
+    auto has_room = [&] { return !exhausted_ && occupied() < limit && in_flight_ - running_ < kReorderLimit; };
+    if (!has_room()) return;  // most calls while a stream runs: nothing to hold or release
     hold_submits();
-    while (!exhausted_ && occupied() < window() && in_flight_ - running_ < kReorderLimit) {
+    while (has_room()) {
       bool submitted;
       try {
         submitted = submit_chunk(next_chunk_);
