@@ -117,8 +117,8 @@ class PoolCoreImpl final : public PoolCore, public WorkerEvents, public std::ena
   // Sends queued jobs to workers with room, and publishes them unless sends are held.
   void dispatch();
   void flush_workers() noexcept;
-  // The live worker to send `job` to now: its pinned one, else the least busy with room.
-  // The worker to send `job` to (one of workers_), or null when none may take it now.
+  // The live worker to send `job` to now (one of workers_): its pinned one, else the least busy
+  // with room; null when none may take it.
   PoolWorker* pick_worker(const Job& job);
   void retire_if_idle(PoolWorker& worker);
   void fail_queue(const std::exception_ptr& error);

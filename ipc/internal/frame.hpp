@@ -9,7 +9,6 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <span>
 #include <vector>
 
@@ -53,42 +52,22 @@ static_assert(sizeof(FrameHeader) == 32);
 inline constexpr std::uint32_t kFrameMagic = 0x4c504b46;  // "FKPL"
 inline constexpr std::uint32_t kPayloadInMemfd = 1;
 
-// The bytes of a received payload: a copy (held inline when small, so that a small result
+// The bytes of a received payload: a copy (held inside when small, so that a small result
 // costs no allocation) or a read-only mapping of the sender's sealed memfd.
 class Payload {
  public:
-  // Small payloads (a few plain results) are held here, with no allocation.
-  static constexpr std::size_t kSmallBytes = 112;
-
   Payload() = default;
-  explicit Payload(ByteBuffer bytes) : copied_(std::move(bytes)) {}
+  explicit Payload(std::span<const std::byte> bytes) : copied_(bytes) {}
   explicit Payload(const std::vector<std::byte>& bytes) : Payload(std::span<const std::byte>(bytes)) {}
   explicit Payload(Mapping mapping, std::size_t size) : mapped_(std::move(mapping)), mapped_size_(size) {}
-  // A copy of `bytes`: inline when small, else in a spare buffer of this thread's.
-  explicit Payload(std::span<const std::byte> bytes) {
-    if (bytes.size() <= kSmallBytes) {
-      small_size_ = static_cast<std::uint8_t>(bytes.size());
-      if (!bytes.empty()) std::memcpy(small_.data(), bytes.data(), bytes.size());
-      return;
-    }
-    copied_ = take_spare_buffer(bytes.size());
-    copied_.assign(bytes.begin(), bytes.end());
-  }
-  Payload(Payload&&) noexcept = default;
-  Payload& operator=(Payload&&) noexcept = default;
-  ~Payload() { detail::give_back_buffer(std::move(copied_)); }  // the next message is copied into it
   std::span<const std::byte> bytes() const noexcept {
-    if (mapped_.data()) return {mapped_.data(), mapped_size_};
-    if (small_size_ > 0) return {small_.data(), small_size_};
-    return copied_;
+    return mapped_.data() ? std::span<const std::byte>(mapped_.data(), mapped_size_) : copied_.bytes();
   }
 
  private:
-  ByteBuffer copied_;
+  InlineBytes<112> copied_;  // a few plain results fit; freed buffers go back to the spares
   Mapping mapped_;
   std::size_t mapped_size_ = 0;
-  std::uint8_t small_size_ = 0;
-  std::array<std::byte, kSmallBytes> small_;
 };
 
 struct Message {

@@ -7,7 +7,10 @@
 // are kept apart, up to kMaxSmallSpares of at most kMaxSmallSpare bytes, so that they cost no
 // malloc either.
 
+#include <array>
 #include <cstddef>
+#include <cstring>
+#include <span>
 
 #include <forkpool/ipc/codec.hpp>
 
@@ -24,5 +27,64 @@ inline constexpr std::size_t kMaxSmallSpares = 1024;
 ByteBuffer take_spare_buffer(std::size_t at_least = 0);
 // Keeps `buffer`'s memory for a later take_spare_buffer() on this thread, within the bounds.
 void give_back_buffer(ByteBuffer&& buffer) noexcept;
+
+// Bytes held inside the object when there are at most N of them (a task or a result of a few
+// plain values costs no allocation), else in a buffer that comes from, and goes back to, this
+// thread's spares.
+template <std::size_t N>
+class InlineBytes {
+ public:
+  static constexpr std::size_t kInlineBytes = N;
+
+  InlineBytes() = default;
+  explicit InlineBytes(std::span<const std::byte> bytes) { assign(bytes); }
+  InlineBytes(const InlineBytes& other) { assign(other.bytes()); }
+  InlineBytes(InlineBytes&&) noexcept = default;
+  InlineBytes& operator=(const InlineBytes& other) {
+    if (this != &other) assign(other.bytes());
+    return *this;
+  }
+  InlineBytes& operator=(InlineBytes&&) noexcept = default;
+  // Takes `buffer`'s bytes: copied inside when few (its memory goes back to the spares at once),
+  // else the buffer itself.
+  InlineBytes& operator=(ByteBuffer&& buffer) {
+    if (buffer.size() <= N) {
+      assign(buffer);
+      give_back_buffer(std::move(buffer));
+    } else {
+      give_back_buffer(std::move(heap_));
+      heap_ = std::move(buffer);
+      size_ = kOnHeap;
+    }
+    return *this;
+  }
+  ~InlineBytes() { give_back_buffer(std::move(heap_)); }
+
+  std::byte* data() noexcept { return size_ == kOnHeap ? heap_.data() : inline_.data(); }
+  const std::byte* data() const noexcept { return size_ == kOnHeap ? heap_.data() : inline_.data(); }
+  std::size_t size() const noexcept { return size_ == kOnHeap ? heap_.size() : size_; }
+  std::span<const std::byte> bytes() const noexcept { return {data(), size()}; }
+  operator std::span<const std::byte>() const noexcept { return bytes(); }
+
+ private:
+  static constexpr std::size_t kOnHeap = ~std::size_t{0};
+  void assign(std::span<const std::byte> bytes) {
+    if (bytes.size() > N) {
+      if (heap_.capacity() < bytes.size()) {
+        give_back_buffer(std::move(heap_));
+        heap_ = take_spare_buffer(bytes.size());
+      }
+      heap_.assign(bytes.begin(), bytes.end());
+      size_ = kOnHeap;
+      return;
+    }
+    if (!bytes.empty()) std::memcpy(inline_.data(), bytes.data(), bytes.size());
+    size_ = bytes.size();
+  }
+
+  ByteBuffer heap_;
+  std::size_t size_ = 0;  // kOnHeap: the bytes are heap_'s
+  std::array<std::byte, N> inline_;
+};
 
 }  // namespace forkpool::detail

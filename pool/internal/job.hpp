@@ -1,13 +1,10 @@
 #pragma once
 // A job: one encoded chunk of calls on its way to a worker, and who waits for its results.
 
-#include <array>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <exception>
 #include <memory>
-#include <span>
 
 #include <forkpool/ipc/codec.hpp>
 #include <forkpool/ipc/internal/spare_buffers.hpp>
@@ -37,55 +34,10 @@ class JobSink {
   virtual bool abandoned() const { return false; }
 };
 
-// A job's encoded task message. Held inline when small (most tasks of a few plain arguments):
-// a hundred thousand tasks queued then cost no hundred thousand buffers, and the buffer they
-// were encoded into goes straight back to this thread's spares for the next one.
-class JobPayload {
- public:
-  static constexpr std::size_t kInlineBytes = 128;
-
-  JobPayload() = default;
-  JobPayload(const JobPayload& other) { *this = other; }
-  JobPayload& operator=(const JobPayload& other) {
-    if (this != &other) assign(other.bytes());
-    return *this;
-  }
-  // Takes `encoded`: copied inline when small, its memory given back to the spares at once.
-  JobPayload& operator=(ByteBuffer&& encoded) {
-    if (encoded.size() <= kInlineBytes) {
-      assign(encoded);
-      give_back_buffer(std::move(encoded));
-    } else {
-      give_back_buffer(std::move(heap_));
-      heap_ = std::move(encoded);
-      inline_size_ = kOnHeap;
-    }
-    return *this;
-  }
-  ~JobPayload() { give_back_buffer(std::move(heap_)); }  // the next job is encoded into it
-
-  std::byte* data() noexcept { return inline_size_ == kOnHeap ? heap_.data() : inline_.data(); }
-  const std::byte* data() const noexcept { return inline_size_ == kOnHeap ? heap_.data() : inline_.data(); }
-  std::size_t size() const noexcept { return inline_size_ == kOnHeap ? heap_.size() : inline_size_; }
-  std::span<const std::byte> bytes() const noexcept { return {data(), size()}; }
-  operator std::span<const std::byte>() const noexcept { return bytes(); }
-
- private:
-  static constexpr std::size_t kOnHeap = ~std::size_t{0};
-  void assign(std::span<const std::byte> bytes) {
-    if (bytes.size() > kInlineBytes) {
-      heap_.assign(bytes.begin(), bytes.end());
-      inline_size_ = kOnHeap;
-      return;
-    }
-    if (!bytes.empty()) std::memcpy(inline_.data(), bytes.data(), bytes.size());
-    inline_size_ = bytes.size();
-  }
-
-  ByteBuffer heap_;
-  std::size_t inline_size_ = 0;  // kOnHeap: the bytes are heap_'s
-  std::array<std::byte, kInlineBytes> inline_;
-};
+// A job's encoded task message. Held inside the job when small (most tasks of a few plain
+// arguments): a hundred thousand tasks queued then hold no hundred thousand buffers, and the
+// buffer each was encoded into goes straight back to the spares for the next one.
+using JobPayload = InlineBytes<128>;
 
 struct Job {
   std::shared_ptr<JobSink> sink;
