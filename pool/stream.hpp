@@ -7,7 +7,9 @@
 // the pool that made it; next()'s awaiter resumes inside the
 // loop's turn that received the result it returns.
 
+#include <coroutine>
 #include <cstddef>
+#include <exception>
 #include <iterator>
 #include <memory>
 #include <optional>
@@ -21,13 +23,17 @@
 namespace forkpool {
 
 template <class R>
+class StreamNext;
+
+template <class R>
 class Stream {
  public:
   explicit Stream(std::shared_ptr<detail::StreamState<R>> state) : state_(std::move(state)) {}
 
   // The next result (in input order for imap, as finished for imap_unordered); empty at the
   // end. A task that threw rethrows here, at its place; the stream goes on after it.
-  Task<std::optional<R>> next() { return detail::StreamState<R>::next(state_); }
+  // `co_await s.next()` in a coroutine, `run(s.next())` in plain code.
+  StreamNext<R> next() { return StreamNext<R>(state_); }
 
   // Items finished so far, of the total (known once the input has been read).
   Progress progress() const { return state_->progress(); }
@@ -64,6 +70,44 @@ class Stream {
  private:
   std::shared_ptr<detail::StreamState<R>> state_;
 };
+
+// What Stream::next() returns: co_await it once, where it is made (a result that is already
+// there costs no suspension and no allocation), or give it to run() in plain code.
+template <class R>
+class [[nodiscard]] StreamNext {
+ public:
+  explicit StreamNext(std::shared_ptr<detail::StreamState<R>> state) : state_(std::move(state)) {}
+  StreamNext(StreamNext&&) noexcept = default;  // before it is awaited
+  StreamNext& operator=(StreamNext&&) = delete;
+  ~StreamNext() {
+    if (state_) state_->stop_waiting(&waiter_);
+  }
+
+  bool await_ready() { return state_->try_next(waiter_.result); }
+  void await_suspend(std::coroutine_handle<> awaiter) noexcept {
+    waiter_.handle = awaiter;
+    state_->wait(&waiter_);
+  }
+  std::optional<R> await_resume() {
+    if (waiter_.error) std::rethrow_exception(waiter_.error);
+    return std::move(waiter_.result);
+  }
+
+  // As a Task, for code that takes one (when_all).
+  operator Task<std::optional<R>>() && { return awaited(std::move(*this)); }
+
+ private:
+  static Task<std::optional<R>> awaited(StreamNext next) { co_return co_await next; }
+
+  std::shared_ptr<detail::StreamState<R>> state_;
+  typename detail::StreamState<R>::Waiter waiter_;
+};
+
+// Runs the loop until the stream's next result (see run(Task)).
+template <class R>
+std::optional<R> run(StreamNext<R> next) {
+  return run(Task<std::optional<R>>(std::move(next)));
+}
 
 // As show_progress(AsyncResult): draws the stream's progress on stderr until every result has
 // been handed out. Run it beside the loop that consumes the stream, with when_all: it also ends

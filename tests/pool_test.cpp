@@ -723,6 +723,26 @@ TEST_P(PoolTest, AStreamOwnsACopyOfAnLvalueContainerItReadsLazily) {
   EXPECT_EQ(scribble[0], -1);
 }
 
+TEST_P(PoolTest, ANextWhoseCoroutineIsDestroyedWhileItWaitsIsForgottenAndTheStreamServesOn) {
+  Pool pool(options());
+  Stream<int> stream = pool.imap(square, std::views::iota(0, 50));
+  int taken = -1;
+  auto consume_one = [&]() -> Task<void> {
+    if (std::optional<int> y = co_await stream.next()) taken = *y;
+  };
+  {
+    Task<void> abandoned = consume_one();
+    abandoned.handle().resume();  // to its co_await: the loop has not run, so nothing has arrived
+    ASSERT_FALSE(abandoned.handle().done());
+  }  // destroyed while it waits: the arrival that would have answered it must not resume it
+  run(sleep_for(std::chrono::milliseconds(200)));  // results arrive meanwhile
+  std::vector<int> got;
+  while (std::optional<int> y = run(stream.next())) got.push_back(*y);
+  EXPECT_EQ(taken, -1);
+  ASSERT_EQ(got.size(), 50u);
+  for (int i = 0; i < 50; ++i) ASSERT_EQ(got[i], i * i);
+}
+
 TEST_P(PoolTest, AnErrorFromImapsInputComesAfterEveryEarlierResult) {
   Pool pool(options());
   std::vector<std::string> expected;

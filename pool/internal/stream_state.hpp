@@ -55,25 +55,44 @@ class StreamState : public JobSink, public std::enable_shared_from_this<StreamSt
   virtual void hold_submits() {}
   virtual void release_submits() {}
 
-  static Task<std::optional<R>> next(std::shared_ptr<StreamState> self) {
+  // One next() that waits: the coroutine to resume, and what it is answered with.
+  struct Waiter {
+    std::coroutine_handle<> handle;
+    std::optional<R> result;
+    std::exception_ptr error;
+  };
+
+  // Answers a next() at once if it can: true with `result` set (a value; empty at the end), false
+  // when it must wait for a chunk. A task's error (or the input's) is thrown, at its place.
+  bool try_next(std::optional<R>& result) {
     for (;;) {
-      if (self->position_ < self->current_.size()) co_return std::move(self->current_[self->position_++]);
-      self->fill_window();
-      if (std::optional<Outcome> outcome = self->take_ready()) {
-        --self->in_flight_;
-        self->fill_window();  // its place in the window is free again (bound_unconsumed)
-        self->keep_spare(std::move(self->current_));
-        self->position_ = 0;
+      if (position_ < current_.size()) {
+        result.emplace(std::move(current_[position_++]));
+        return true;
+      }
+      fill_window();
+      if (std::optional<Outcome> outcome = take_ready()) {
+        --in_flight_;
+        fill_window();  // its place in the window is free again (bound_unconsumed)
+        keep_spare(std::move(current_));
+        position_ = 0;
         if (outcome->error) std::rethrow_exception(outcome->error);
-        self->current_ = std::move(outcome->values);
-        continue;
+        current_ = std::move(outcome->values);
+        continue;  // its values, or (none: a shard that had ended) the next chunk's
       }
-      if (self->in_flight_ == 0 && self->exhausted_) {
-        if (self->input_error_) std::rethrow_exception(std::exchange(self->input_error_, {}));
-        co_return std::nullopt;
+      if (in_flight_ == 0 && exhausted_) {
+        if (input_error_) std::rethrow_exception(std::exchange(input_error_, {}));
+        result.reset();
+        return true;
       }
-      co_await ChunkArrival{self.get()};
+      return false;
     }
+  }
+  // `waiter` is answered and resumed from the arrival that lets try_next() answer it.
+  void wait(Waiter* waiter) noexcept { waiter_ = waiter; }
+  // `waiter` is gone (its coroutine was destroyed while it waited).
+  void stop_waiting(Waiter* waiter) noexcept {
+    if (waiter_ == waiter) waiter_ = nullptr;
   }
 
   void chunk_done(std::size_t chunk, const ElementRange& range, Reader& results) override {
@@ -186,13 +205,6 @@ class StreamState : public JobSink, public std::enable_shared_from_this<StreamSt
     spares_.push_back(std::move(values));
   }
 
-  struct ChunkArrival {
-    StreamState* state;
-    bool await_ready() const noexcept { return false; }
-    void await_suspend(std::coroutine_handle<> h) noexcept { state->waiter_ = h; }
-    void await_resume() const noexcept {}
-  };
-
   void fill_window() {
     const std::size_t limit = window();  // read once: if it grows meanwhile, the next call fills it
     auto has_room = [&] { return !exhausted_ && occupied() < limit && in_flight_ - running_ < kReorderLimit; };
@@ -267,7 +279,23 @@ class StreamState : public JobSink, public std::enable_shared_from_this<StreamSt
     } else {
       arrival_order_.push_back(chunk);
     }
-    if (auto waiter = std::exchange(waiter_, {})) waiter.resume();
+    answer_waiter();
+  }
+
+  // A chunk arrived: the waiting next(), if any, is resumed once it has its answer (an arrival
+  // ahead of a gap, or a shard that had ended, leaves it waiting).
+  void answer_waiter() {
+    Waiter* waiter = std::exchange(waiter_, nullptr);  // a chunk that arrives inside try_next is taken there
+    if (!waiter) return;
+    try {
+      if (!try_next(waiter->result)) {
+        waiter_ = waiter;
+        return;
+      }
+    } catch (...) {
+      waiter->error = std::current_exception();
+    }
+    waiter->handle.resume();
   }
 
   bool ordered_;
@@ -292,7 +320,7 @@ class StreamState : public JobSink, public std::enable_shared_from_this<StreamSt
   std::deque<std::size_t> arrival_order_;
   std::vector<R> current_;
   std::size_t position_ = 0;
-  std::coroutine_handle<> waiter_;
+  Waiter* waiter_ = nullptr;  // the next() waiting for a chunk
 };
 
 }  // namespace forkpool::detail
