@@ -213,9 +213,11 @@ BENCHMARK(BM_IterableDataLoader)
 
 // Batches of 64 small samples collated in the worker (torch's batch_size=64 with its default
 // collate): each sample a float32 tensor of batch bytes / 64 filled with its index, the batch
-// their stack in shared memory. Arg 0: batch bytes; arg 1: 0 the hand-written imap loop (a
-// function of the batch number gets its 64 samples and stacks them), 2 or 16 forkpool::DataLoader
-// at that prefetch_factor. Both run the same per-sample work in 2 workers.
+// their stack in shared memory. Arg 0: batch bytes; arg 1: the loop that makes them, all running
+// the same per-sample work in 2 workers:
+//   0   the hand-written imap loop, a task per batch number (it gets its 64 samples and stacks them);
+//   1   the hand-written imap loop over batches of indices (as one that shuffles must send them);
+//   2+  forkpool::DataLoader at that prefetch_factor.
 constexpr std::int64_t kSamplesPerBatch = 64;
 std::int64_t g_sample_floats = 0;
 fp::Tensor build_sample(std::int64_t index) {
@@ -223,14 +225,20 @@ fp::Tensor build_sample(std::int64_t index) {
   std::fill_n(t.data<float>(), g_sample_floats, static_cast<float>(index));
   return t;
 }
-fp::Tensor build_collated_batch(std::int64_t batch) {  // as a user writes it by hand
+template <class Indices>
+fp::Tensor stack_by_hand(const Indices& indices) {  // as a user writes it
   fp::Tensor out = fp::Tensor::empty({kSamplesPerBatch, g_sample_floats}, fp::DType::f32);
-  for (std::int64_t i = 0; i < kSamplesPerBatch; ++i) {
-    fp::Tensor sample = build_sample(batch * kSamplesPerBatch + i);
-    std::copy_n(sample.data<float>(), g_sample_floats, out.data<float>() + i * g_sample_floats);
+  float* next = out.data<float>();
+  for (auto index : indices) {
+    fp::Tensor sample = build_sample(static_cast<std::int64_t>(index));
+    next = std::copy_n(sample.data<float>(), g_sample_floats, next);
   }
   return out;
 }
+fp::Tensor build_collated_batch(std::int64_t batch) {
+  return stack_by_hand(std::views::iota(batch * kSamplesPerBatch, (batch + 1) * kSamplesPerBatch));
+}
+fp::Tensor collate_indices(std::vector<std::uint64_t> indices) { return stack_by_hand(indices); }
 struct SampleDataset {
   std::int64_t samples;
   std::size_t size() const { return static_cast<std::size_t>(samples); }
@@ -243,7 +251,7 @@ void BM_CollatedBatches(benchmark::State& state) {
   std::int64_t per_epoch = state.range(0) >= (8 << 20) ? 100 : 500;
   std::optional<fp::Pool> pool;
   std::optional<fp::DataLoader<SampleDataset>> loader;
-  if (prefetch == 0)
+  if (prefetch <= 1)
     pool.emplace(fp::PoolOptions{.processes = 2});
   else
     loader.emplace(
@@ -251,8 +259,14 @@ void BM_CollatedBatches(benchmark::State& state) {
         fp::DataLoaderOptions{
             .batch_size = kSamplesPerBatch, .num_workers = 2, .prefetch_factor = prefetch, .persistent_workers = true});
   auto epoch = [&]() {
-    return prefetch == 0 ? pool->imap(build_collated_batch, std::views::iota(std::int64_t{0}, per_epoch))
-                         : loader->epoch();
+    if (prefetch == 0) return pool->imap(build_collated_batch, std::views::iota(std::int64_t{0}, per_epoch));
+    if (prefetch == 1) {
+      std::vector<std::vector<std::uint64_t>> batches(per_epoch);
+      for (std::int64_t b = 0; b < per_epoch; ++b)
+        for (std::int64_t i = 0; i < kSamplesPerBatch; ++i) batches[b].push_back(b * kSamplesPerBatch + i);
+      return pool->imap(collate_indices, std::move(batches));
+    }
+    return loader->epoch();
   };
   std::int64_t batches = 0;
   auto body = [&]() -> fp::Task<void> {
@@ -272,12 +286,13 @@ void BM_CollatedBatches(benchmark::State& state) {
   };
   fp::run(body());
   state.SetItemsProcessed(batches);
-  state.SetLabel(
-      std::to_string(state.range(0) >> 10) + " KiB of 64 samples, " +
-      (prefetch == 0 ? std::string("imap") : "forkpool::DataLoader, prefetch_factor " + std::to_string(prefetch)));
+  state.SetLabel(std::to_string(state.range(0) >> 10) + " KiB of 64 samples, " +
+                 (prefetch == 0   ? std::string("imap of batch numbers")
+                  : prefetch == 1 ? std::string("imap of index batches")
+                                  : "forkpool::DataLoader, prefetch_factor " + std::to_string(prefetch)));
 }
 BENCHMARK(BM_CollatedBatches)
-    ->ArgsProduct({{64 << 10, 1 << 20, 12 << 20}, {0, 2, 16}})
+    ->ArgsProduct({{64 << 10, 1 << 20, 12 << 20}, {0, 1, 2, 16}})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
