@@ -27,6 +27,15 @@ std::size_t rank_samples(std::size_t dataset_size, const DataLoaderOptions& opti
   return (dataset_size + world - 1) / world;
 }
 
+// Whether two shapes are equal: a loop, as a sample has a dim or two (std::ranges::equal calls
+// memcmp, a collate compares every sample).
+bool same_shape(std::span<const std::int64_t> a, std::span<const std::int64_t> b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (a[i] != b[i]) return false;
+  return true;
+}
+
 // Copies `t`'s elements, in row-major order, to `out`: a strided walk when it is not contiguous.
 void copy_elements(const Tensor& t, std::byte* out) {
   if (t.is_contiguous()) {
@@ -155,14 +164,15 @@ void Stacker::add(const Tensor& sample) {
     shape.insert(shape.end(), sample.shape().begin(), sample.shape().end());
     batch_ = Tensor::empty(std::move(shape), sample.dtype());
     next_ = static_cast<std::byte*>(batch_.raw_data());
-  } else if (sample.dtype() != batch_.dtype() || !std::ranges::equal(sample.shape(), batch_.shape().subspan(1))) {
+    sample_bytes_ = sample.nbytes();
+  } else if (sample.dtype() != batch_.dtype() || !same_shape(sample.shape(), batch_.shape().subspan(1))) {
     throw std::invalid_argument(
         "forkpool: DataLoader: the default collate stacks samples of one dtype and shape; "
         "sample " +
         std::to_string(added_) + " of the batch differs from the first (give a collate)");
   }
   copy_elements(sample, next_);
-  next_ += sample.nbytes();
+  next_ += sample_bytes_;
   ++added_;
 }
 

@@ -128,7 +128,8 @@ class Stacker {
   std::size_t samples_;
   std::size_t added_ = 0;
   Tensor batch_;
-  std::byte* next_ = nullptr;  // where the next sample's elements go
+  std::byte* next_ = nullptr;     // where the next sample's elements go
+  std::size_t sample_bytes_ = 0;  // each sample's (they have one shape and dtype)
 };
 // All of `samples` through a Stacker.
 Tensor stack(const std::vector<Tensor>& samples);

@@ -1,5 +1,6 @@
 #include <forkpool/shm/tensor.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <numeric>
 
@@ -71,7 +72,17 @@ std::int64_t Tensor::numel() const noexcept {
   return std::accumulate(shape_.begin(), shape_.end(), std::int64_t{1}, std::multiplies<>());
 }
 
-bool Tensor::is_contiguous() const noexcept { return strides_ == detail::contiguous_strides(shape_); }
+bool Tensor::is_contiguous() const noexcept {
+  // As strides_ == contiguous_strides(shape_), without making the vector (a collate asks it of
+  // every sample).
+  if (strides_.size() != shape_.size()) return false;
+  std::int64_t step = 1;
+  for (std::size_t i = shape_.size(); i-- > 0;) {
+    if (strides_[i] != step) return false;
+    step *= std::max<std::int64_t>(shape_[i], 1);
+  }
+  return true;
+}
 
 Tensor& Tensor::share_memory_() {
   if (is_shared()) return *this;

@@ -126,6 +126,21 @@ TEST(Tensor, ViewsAndSlicesShareStorage) {
   EXPECT_THROW(Tensor::empty({-1}, DType::f32), std::invalid_argument);
 }
 
+TEST(Tensor, IsContiguousExactlyWhenTheStridesAreRowMajor) {
+  Tensor t = Tensor::zeros({3, 4}, DType::f32);
+  EXPECT_TRUE(t.is_contiguous());
+  EXPECT_TRUE(t.slice(0, 1, 3).is_contiguous());   // whole rows
+  EXPECT_FALSE(t.slice(1, 1, 3).is_contiguous());  // part of each row
+  EXPECT_TRUE(Tensor::zeros({}, DType::f32).is_contiguous());
+  auto strided = [&](std::vector<std::int64_t> shape, std::vector<std::int64_t> strides) {
+    return Tensor::from_storage(t.storage(), 0, std::move(shape), std::move(strides), DType::f32);
+  };
+  EXPECT_FALSE(strided({4, 3}, {1, 4}).is_contiguous());  // the transpose
+  EXPECT_TRUE(strided({3, 0}, {1, 1}).is_contiguous());   // no elements: strides as if each dim were 1
+  EXPECT_FALSE(strided({3, 0}, {0, 1}).is_contiguous());
+  EXPECT_FALSE(strided({2, 2}, {4, 2}).is_contiguous());  // every other element
+}
+
 TEST(Tensor, SharingStrategiesAreListedAndSettable) {
   EXPECT_EQ(get_sharing_strategy(), SharingStrategy::file_descriptor);
   EXPECT_EQ(get_all_sharing_strategies().size(), 2u);
