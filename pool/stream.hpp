@@ -32,7 +32,8 @@ class Stream {
 
   // The next result (in input order for imap, as finished for imap_unordered); empty at the
   // end. A task that threw rethrows here, at its place; the stream goes on after it.
-  // `co_await s.next()` in a coroutine, `run(s.next())` in plain code.
+  // `co_await s.next()` in a coroutine, `run(s.next())` in plain code. Coroutines that share
+  // the stream (when_all of two consumers) are answered in the order they asked.
   StreamNext<R> next() { return StreamNext<R>(state_); }
 
   // Items finished so far, of the total (known once the input has been read).

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -741,6 +742,36 @@ TEST_P(PoolTest, ANextWhoseCoroutineIsDestroyedWhileItWaitsIsForgottenAndTheStre
   EXPECT_EQ(taken, -1);
   ASSERT_EQ(got.size(), 50u);
   for (int i = 0; i < 50; ++i) ASSERT_EQ(got[i], i * i);
+}
+
+TEST_P(PoolTest, ANextIsATaskWhereATaskIsWanted) {
+  Pool pool(options());
+  Stream<int> stream = pool.imap(square, std::views::iota(1, 4));
+  Task<std::optional<int>> first = stream.next();  // made now, run when awaited
+  auto [a, b] = run(when_all(std::move(first), Task<std::optional<int>>(stream.next())));
+  EXPECT_EQ(a, std::optional<int>(1));
+  EXPECT_EQ(b, std::optional<int>(4));
+  EXPECT_EQ(run(stream.next()), std::optional<int>(9));
+  EXPECT_EQ(run(stream.next()), std::nullopt);
+}
+
+TEST_P(PoolTest, TwoConsumersOfOneStreamShareItsResultsInOrder) {
+  Pool pool(options());
+  Stream<int> stream = pool.imap(square, std::views::iota(0, 500));
+  auto consume = [&](std::vector<int>& got) -> Task<void> {
+    while (std::optional<int> y = co_await stream.next()) got.push_back(*y);
+  };
+  std::vector<int> a, b;
+  run(when_all(consume(a), consume(b)));
+  EXPECT_TRUE(std::ranges::is_sorted(a));
+  EXPECT_TRUE(std::ranges::is_sorted(b));
+  std::vector<int> all = a;
+  all.insert(all.end(), b.begin(), b.end());
+  std::ranges::sort(all);
+  ASSERT_EQ(all.size(), 500u);
+  for (int i = 0; i < 500; ++i) ASSERT_EQ(all[i], i * i);
+  EXPECT_FALSE(a.empty());
+  EXPECT_FALSE(b.empty());
 }
 
 TEST_P(PoolTest, AnErrorFromImapsInputComesAfterEveryEarlierResult) {

@@ -60,6 +60,7 @@ class StreamState : public JobSink, public std::enable_shared_from_this<StreamSt
     std::coroutine_handle<> handle;
     std::optional<R> result;
     std::exception_ptr error;
+    Waiter* next = nullptr;  // the one waiting after it
   };
 
   // Answers a next() at once if it can: true with `result` set (a value; empty at the end), false
@@ -88,11 +89,21 @@ class StreamState : public JobSink, public std::enable_shared_from_this<StreamSt
       return false;
     }
   }
-  // `waiter` is answered and resumed from the arrival that lets try_next() answer it.
-  void wait(Waiter* waiter) noexcept { waiter_ = waiter; }
+  // `waiter` is answered and resumed from the arrival that lets try_next() answer it. Several
+  // next()s may wait at once (consumers sharing the stream): they are answered in turn.
+  void wait(Waiter* waiter) noexcept {
+    waiter->next = nullptr;
+    (last_waiter_ ? last_waiter_->next : first_waiter_) = waiter;
+    last_waiter_ = waiter;
+  }
   // `waiter` is gone (its coroutine was destroyed while it waited).
   void stop_waiting(Waiter* waiter) noexcept {
-    if (waiter_ == waiter) waiter_ = nullptr;
+    for (Waiter *before = nullptr, *at = first_waiter_; at; before = at, at = at->next) {
+      if (at != waiter) continue;
+      (before ? before->next : first_waiter_) = at->next;
+      if (last_waiter_ == at) last_waiter_ = before;
+      return;
+    }
   }
 
   void chunk_done(std::size_t chunk, const ElementRange& range, Reader& results) override {
@@ -279,23 +290,45 @@ class StreamState : public JobSink, public std::enable_shared_from_this<StreamSt
     } else {
       arrival_order_.push_back(chunk);
     }
-    answer_waiter();
+    answer_waiters();
   }
 
-  // A chunk arrived: the waiting next(), if any, is resumed once it has its answer (an arrival
-  // ahead of a gap, or a shard that had ended, leaves it waiting).
-  void answer_waiter() {
-    Waiter* waiter = std::exchange(waiter_, nullptr);  // a chunk that arrives inside try_next is taken there
-    if (!waiter) return;
+  // A chunk arrived: the waiting next()s, oldest first, are answered and resumed while there is
+  // an answer (an arrival ahead of a gap, or a shard that had ended, leaves them waiting).
+  void answer_waiters() {
+    if (!first_waiter_ || answering_) return;
+    if (first_waiter_->next) return answer_several();
+    // One waits (the common case). Out of the list while try_next() runs: a chunk that arrives
+    // inside it (one that failed as it was submitted) is taken there.
+    Waiter* waiter = std::exchange(first_waiter_, nullptr);
+    last_waiter_ = nullptr;
     try {
       if (!try_next(waiter->result)) {
-        waiter_ = waiter;
+        first_waiter_ = last_waiter_ = waiter;
         return;
       }
     } catch (...) {
       waiter->error = std::current_exception();
     }
-    waiter->handle.resume();
+    waiter->handle.resume();  // the last thing: the consumer may let go of the stream
+  }
+
+  // Consumers sharing the stream: each resumed one may wait again (at the back) or drop its
+  // Stream, and what arrives meanwhile is found by the loop's next try_next(), not re-entered.
+  [[gnu::noinline]] void answer_several() {
+    std::shared_ptr<StreamState> keep = this->shared_from_this();
+    answering_ = true;
+    while (Waiter* waiter = first_waiter_) {
+      try {
+        if (!try_next(waiter->result)) break;
+      } catch (...) {
+        waiter->error = std::current_exception();
+      }
+      first_waiter_ = waiter->next;
+      if (!first_waiter_) last_waiter_ = nullptr;
+      waiter->handle.resume();
+    }
+    answering_ = false;
   }
 
   bool ordered_;
@@ -320,7 +353,9 @@ class StreamState : public JobSink, public std::enable_shared_from_this<StreamSt
   std::deque<std::size_t> arrival_order_;
   std::vector<R> current_;
   std::size_t position_ = 0;
-  Waiter* waiter_ = nullptr;  // the next() waiting for a chunk
+  Waiter* first_waiter_ = nullptr;  // next()s waiting for a chunk, oldest first (by Waiter::next)
+  Waiter* last_waiter_ = nullptr;
+  bool answering_ = false;  // inside answer_several()
 };
 
 }  // namespace forkpool::detail
