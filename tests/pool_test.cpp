@@ -724,54 +724,67 @@ TEST_P(PoolTest, AStreamOwnsACopyOfAnLvalueContainerItReadsLazily) {
   EXPECT_EQ(scribble[0], -1);
 }
 
+// The stream tests below run in a child with an alarm: their regressions are a crash or a
+// waiter never resumed, which must fail the test, not hang or kill the suite.
+void expect_ended_well(int status, const char* hang) {
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << (WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM ? hang : "failed") << " (status " << status << ")";
+}
+
 TEST_P(PoolTest, ANextWhoseCoroutineIsDestroyedWhileItWaitsIsForgottenAndTheStreamServesOn) {
-  Pool pool(options());
-  Stream<int> stream = pool.imap(square, std::views::iota(0, 50));
-  int taken = -1;
-  auto consume_one = [&]() -> Task<void> {
-    if (std::optional<int> y = co_await stream.next()) taken = *y;
-  };
-  {
-    Task<void> abandoned = consume_one();
-    abandoned.handle().resume();  // to its co_await: the loop has not run, so nothing has arrived
-    ASSERT_FALSE(abandoned.handle().done());
-  }  // destroyed while it waits: the arrival that would have answered it must not resume it
-  run(sleep_for(std::chrono::milliseconds(200)));  // results arrive meanwhile
-  std::vector<int> got;
-  while (std::optional<int> y = run(stream.next())) got.push_back(*y);
-  EXPECT_EQ(taken, -1);
-  ASSERT_EQ(got.size(), 50u);
-  for (int i = 0; i < 50; ++i) ASSERT_EQ(got[i], i * i);
+  int status = test_support::run_in_child_within(std::chrono::seconds(20), [&] {
+    Pool pool(options());
+    Stream<int> stream = pool.imap(square, std::views::iota(0, 50));
+    int taken = -1;
+    auto consume_one = [&]() -> Task<void> {
+      if (std::optional<int> y = co_await stream.next()) taken = *y;
+    };
+    {
+      Task<void> abandoned = consume_one();
+      abandoned.handle().resume();  // to its co_await: the loop has not run, so nothing has arrived
+      check(!abandoned.handle().done(), "the next() did not wait");
+    }  // destroyed while it waits: the arrival that would have answered it must not resume it
+    run(sleep_for(std::chrono::milliseconds(200)));  // results arrive meanwhile
+    std::vector<int> got;
+    while (std::optional<int> y = run(stream.next())) got.push_back(*y);
+    check(taken == -1, "the destroyed coroutine was resumed");
+    check(got.size() == 50, "results were lost");
+    for (int i = 0; i < 50; ++i) check(got[i] == i * i, "a result out of order");
+  });
+  expect_ended_well(status, "hung: the stream stopped serving");
 }
 
 TEST_P(PoolTest, ANextIsATaskWhereATaskIsWanted) {
-  Pool pool(options());
-  Stream<int> stream = pool.imap(square, std::views::iota(1, 4));
-  Task<std::optional<int>> first = stream.next();  // made now, run when awaited
-  auto [a, b] = run(when_all(std::move(first), Task<std::optional<int>>(stream.next())));
-  EXPECT_EQ(a, std::optional<int>(1));
-  EXPECT_EQ(b, std::optional<int>(4));
-  EXPECT_EQ(run(stream.next()), std::optional<int>(9));
-  EXPECT_EQ(run(stream.next()), std::nullopt);
+  int status = test_support::run_in_child_within(std::chrono::seconds(20), [&] {
+    Pool pool(options());
+    Stream<int> stream = pool.imap(square, std::views::iota(1, 4));
+    Task<std::optional<int>> first = stream.next();  // made now, run when awaited
+    auto [a, b] = run(when_all(std::move(first), Task<std::optional<int>>(stream.next())));
+    check(a == std::optional<int>(1) && b == std::optional<int>(4), "the two next()s were not answered in turn");
+    check(run(stream.next()) == std::optional<int>(9), "the third result was lost");
+    check(run(stream.next()) == std::nullopt, "the stream did not end");
+  });
+  expect_ended_well(status, "hung: a next() waiting beside another was never answered");
 }
 
 TEST_P(PoolTest, TwoConsumersOfOneStreamShareItsResultsInOrder) {
-  Pool pool(options());
-  Stream<int> stream = pool.imap(square, std::views::iota(0, 500));
-  auto consume = [&](std::vector<int>& got) -> Task<void> {
-    while (std::optional<int> y = co_await stream.next()) got.push_back(*y);
-  };
-  std::vector<int> a, b;
-  run(when_all(consume(a), consume(b)));
-  EXPECT_TRUE(std::ranges::is_sorted(a));
-  EXPECT_TRUE(std::ranges::is_sorted(b));
-  std::vector<int> all = a;
-  all.insert(all.end(), b.begin(), b.end());
-  std::ranges::sort(all);
-  ASSERT_EQ(all.size(), 500u);
-  for (int i = 0; i < 500; ++i) ASSERT_EQ(all[i], i * i);
-  EXPECT_FALSE(a.empty());
-  EXPECT_FALSE(b.empty());
+  int status = test_support::run_in_child_within(std::chrono::seconds(20), [&] {
+    Pool pool(options());
+    Stream<int> stream = pool.imap(square, std::views::iota(0, 500));
+    auto consume = [&](std::vector<int>& got) -> Task<void> {
+      while (std::optional<int> y = co_await stream.next()) got.push_back(*y);
+    };
+    std::vector<int> a, b;
+    run(when_all(consume(a), consume(b)));
+    check(std::ranges::is_sorted(a) && std::ranges::is_sorted(b), "a consumer got results out of order");
+    check(!a.empty() && !b.empty(), "one consumer got nothing");
+    std::vector<int> all = a;
+    all.insert(all.end(), b.begin(), b.end());
+    std::ranges::sort(all);
+    check(all.size() == 500, "results were lost or doubled");
+    for (int i = 0; i < 500; ++i) check(all[i] == i * i, "a wrong result");
+  });
+  expect_ended_well(status, "hung: a consumer's next() was never answered");
 }
 
 TEST_P(PoolTest, AnErrorFromImapsInputComesAfterEveryEarlierResult) {
