@@ -302,13 +302,9 @@ class StreamState : public JobSink, public std::enable_shared_from_this<StreamSt
     // inside it (one that failed as it was submitted) is taken there.
     Waiter* waiter = std::exchange(first_waiter_, nullptr);
     last_waiter_ = nullptr;
-    try {
-      if (!try_next(waiter->result)) {
-        first_waiter_ = last_waiter_ = waiter;
-        return;
-      }
-    } catch (...) {
-      waiter->error = std::current_exception();
+    if (!answer(*waiter)) {
+      first_waiter_ = last_waiter_ = waiter;
+      return;
     }
     waiter->handle.resume();  // the last thing: the consumer may let go of the stream
   }
@@ -319,16 +315,22 @@ class StreamState : public JobSink, public std::enable_shared_from_this<StreamSt
     std::shared_ptr<StreamState> keep = this->shared_from_this();
     answering_ = true;
     while (Waiter* waiter = first_waiter_) {
-      try {
-        if (!try_next(waiter->result)) break;
-      } catch (...) {
-        waiter->error = std::current_exception();
-      }
+      if (!answer(*waiter)) break;
       first_waiter_ = waiter->next;
       if (!first_waiter_) last_waiter_ = nullptr;
       waiter->handle.resume();
     }
     answering_ = false;
+  }
+
+  // Gives `waiter` its answer (a result, the end, or the error to rethrow) if there is one now.
+  bool answer(Waiter& waiter) {
+    try {
+      return try_next(waiter.result);
+    } catch (...) {
+      waiter.error = std::current_exception();
+      return true;
+    }
   }
 
   bool ordered_;
