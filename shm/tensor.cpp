@@ -28,13 +28,26 @@ std::optional<std::size_t> view_extent(std::span<const std::int64_t> shape, std:
   return static_cast<std::size_t>(bytes);
 }
 
-std::vector<std::int64_t> contiguous_strides(std::span<const std::int64_t> shape) {
-  std::vector<std::int64_t> strides(shape.size());
+namespace {
+// Calls visit(dim, stride) with each dim's row-major stride, last dim first, while it returns true;
+// true if it always did.
+template <class Visit>
+bool for_each_row_major_stride(std::span<const std::int64_t> shape, Visit visit) {
   std::int64_t step = 1;
   for (std::size_t i = shape.size(); i-- > 0;) {
-    strides[i] = step;
+    if (!visit(i, step)) return false;
     step *= std::max<std::int64_t>(shape[i], 1);
   }
+  return true;
+}
+}  // namespace
+
+std::vector<std::int64_t> contiguous_strides(std::span<const std::int64_t> shape) {
+  std::vector<std::int64_t> strides(shape.size());
+  for_each_row_major_stride(shape, [&](std::size_t dim, std::int64_t stride) {
+    strides[dim] = stride;
+    return true;
+  });
   return strides;
 }
 
@@ -75,13 +88,9 @@ std::int64_t Tensor::numel() const noexcept {
 bool Tensor::is_contiguous() const noexcept {
   // As strides_ == contiguous_strides(shape_), without making the vector (a collate asks it of
   // every sample).
-  if (strides_.size() != shape_.size()) return false;
-  std::int64_t step = 1;
-  for (std::size_t i = shape_.size(); i-- > 0;) {
-    if (strides_[i] != step) return false;
-    step *= std::max<std::int64_t>(shape_[i], 1);
-  }
-  return true;
+  return strides_.size() == shape_.size() &&
+         detail::for_each_row_major_stride(
+             shape_, [&](std::size_t dim, std::int64_t stride) { return strides_[dim] == stride; });
 }
 
 Tensor& Tensor::share_memory_() {
