@@ -50,7 +50,7 @@ ByteBuffer take_spare_buffer(std::size_t at_least) {
   return buffer;
 }
 
-void give_back_buffer(ByteBuffer&& buffer) noexcept {
+void keep_spare_buffer(ByteBuffer&& buffer) noexcept {
   std::size_t capacity = buffer.capacity();
   if (capacity > 0 && capacity <= kMaxSmallSpare) return keep_small(std::move(buffer));
   if (capacity < kMinSpareBytes || capacity > kMaxSpareBuffer) return;

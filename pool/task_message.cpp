@@ -72,7 +72,7 @@ TaskCall read_task(Message& task, PeerMemory& memory) {
           memory.accept_blocks(payload.table)};
 }
 
-void finish_result(Writer& out, const OutgoingBlocks& blocks, std::span<const std::byte> release) {
+void finish_result(Writer& out, const OutgoingBlocks& blocks, const BlockRelease& release) {
   blocks.write_table(out);
   append_release(out, release);
 }

@@ -70,7 +70,7 @@ void serve_task(WorkerLink& link, Message& task, PeerMemory& memory, RunningSlot
   }
   // The arguments are gone: what only they held goes home with the result.
   call.blocks = IncomingBlocks({});
-  finish_result(out, reply, memory.take_release().encode().bytes());
+  finish_result(out, reply, memory.take_release());
   if (auto introduction = memory.lend(reply))
     link.send(kSlabMessage, 0, introduction->payload.bytes(), introduction->fds);
   link.send(kResultMessage, task.request_id, out.bytes(), out.fds());

@@ -46,9 +46,21 @@ TabledPayload split_block_table(std::span<const std::byte> payload) {
   return split;
 }
 
-void append_release(Writer& w, std::span<const std::byte> release) {
-  w.write_bytes(release.data(), release.size());
-  w.write(static_cast<std::uint32_t>(release.size()));
+void BlockRelease::encode_to(Writer& w) const {
+  w.write(blocks);
+  w.write(slabs);
+}
+
+Writer BlockRelease::encode() const {
+  Writer w;
+  encode_to(w);
+  return w;
+}
+
+void append_release(Writer& w, const BlockRelease& release) {
+  std::size_t start = w.buffer().size();
+  release.encode_to(w);
+  w.write(static_cast<std::uint32_t>(w.buffer().size() - start));
 }
 
 std::pair<std::span<const std::byte>, std::span<const std::byte>> split_release(std::span<const std::byte> payload) {

@@ -157,8 +157,6 @@ void PeerMemory::accept_release(std::span<const std::byte> payload) {
   }
 }
 
-Writer PeerMemory::Release::encode() const { return forkpool::encode(std::pair(blocks, slabs)); }
-
 PeerMemory::Release PeerMemory::take_release() {
   if (!release_pending_.load(std::memory_order_acquire)) return {};  // most calls: no lock taken
   std::lock_guard lock(mutex_);

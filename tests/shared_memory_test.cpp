@@ -493,6 +493,23 @@ TEST(PeerMemory, ASlabIsIntroducedOnceAndABlockIsReleasedWithItsCount) {
   EXPECT_THROW(a->accept_release(release.bytes()), ProtocolError) << "released more often than lent";
 }
 
+// A result carries its task's release at its end, written in place: split off again it is the
+// release message's own payload, and the message before it is untouched; so is an empty one.
+TEST(PeerMemory, AReleaseRidingAtAMessagesEndSplitsOffAsItsOwnMessage) {
+  detail::BlockRelease releases[] = {{{7, 4096, 2, 9, 0, 1}, {3}}, {}};
+  for (const detail::BlockRelease& release : releases) {
+    Writer w;
+    w.write(std::string("the result"));
+    Writer body = encode(std::string("the result"));
+    detail::append_release(w, release);
+    auto [riding, rest] = detail::split_release(w.bytes());
+    EXPECT_TRUE(std::ranges::equal(riding, release.encode().bytes()));
+    EXPECT_TRUE(std::ranges::equal(rest, body.bytes()));
+    auto [blocks, slabs] = decode<std::pair<std::vector<std::uint64_t>, std::vector<std::uint64_t>>>(riding);
+    EXPECT_EQ(blocks, release.blocks);
+    EXPECT_EQ(slabs, release.slabs);
+  }
+}
 TEST(PeerMemory, AnUndeliveredIntroductionIsMadeAgain) {
   auto a = std::make_shared<PeerMemory>();
   Tensor t = Tensor::empty({4}, DType::f32);

@@ -26,7 +26,12 @@ inline constexpr std::size_t kMaxSmallSpares = 1024;
 // `at_least` bytes, else the largest; a small one when no large one is kept).
 ByteBuffer take_spare_buffer(std::size_t at_least = 0);
 // Keeps `buffer`'s memory for a later take_spare_buffer() on this thread, within the bounds.
-void give_back_buffer(ByteBuffer&& buffer) noexcept;
+void keep_spare_buffer(ByteBuffer&& buffer) noexcept;
+// As keep_spare_buffer; inline because most buffers given back hold no memory at all (an
+// InlineBytes whose bytes fit inside it, a message without a payload).
+inline void give_back_buffer(ByteBuffer&& buffer) noexcept {
+  if (buffer.capacity() != 0) keep_spare_buffer(std::move(buffer));
+}
 
 // Bytes held inside the object when there are at most N of them (a task or a result of a few
 // plain values costs no allocation), else in a buffer that comes from, and goes back to, this

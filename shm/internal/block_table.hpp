@@ -67,10 +67,20 @@ struct TabledPayload {
 };
 TabledPayload split_block_table(std::span<const std::byte> payload);
 
+// What a release says: blocks let go here and the sender's slabs gone here (PeerMemory).
+struct BlockRelease {
+  std::vector<std::uint64_t> blocks;  // (peer's slab id, offset, count)...
+  std::vector<std::uint64_t> slabs;   // the sender's slab ids
+  bool empty() const noexcept { return blocks.empty() && slabs.empty(); }
+  void encode_to(Writer& w) const;  // as encode(std::pair(blocks, slabs))
+  Writer encode() const;            // a release message's payload
+};
+
 // A release may ride at the end of another message (a worker's result: what its task let go of
-// costs no message of its own): [release][u32 its length]. Appends it; and splits it off again
-// (the release, then the rest), throwing ProtocolError when it does not fit.
-void append_release(Writer& w, std::span<const std::byte> release);
+// costs no message of its own): [release][u32 its length]. Appends it, written in place (a task
+// that let go of nothing costs no allocation); and splits it off again (the release, then the
+// rest), throwing ProtocolError when it does not fit.
+void append_release(Writer& w, const BlockRelease& release);
 std::pair<std::span<const std::byte>, std::span<const std::byte>> split_release(std::span<const std::byte> payload);
 
 }  // namespace forkpool::detail

@@ -71,12 +71,7 @@ class PeerMemory final : public ReleaseListener, public std::enable_shared_from_
 
   // What a release message says: blocks let go here and our slabs gone here since the last
   // take_release(). Never blocks. A release that could not be sent is given back with restore().
-  struct Release {
-    std::vector<std::uint64_t> blocks;  // (peer's slab id, offset, count)...
-    std::vector<std::uint64_t> slabs;   // our slab ids
-    bool empty() const noexcept { return blocks.empty() && slabs.empty(); }
-    Writer encode() const;
-  };
+  using Release = BlockRelease;
   Release take_release();
   void restore(Release release);
   // Runs, on the releasing thread, whenever a release becomes due.
