@@ -183,9 +183,15 @@ std::size_t announce_sleep(std::vector<detail::Spinner*>& spinners) {
 // it handled; zero means the turn may sleep. A spinner may remove itself while polled: iterate
 // by index.
 std::size_t spin_before_sleep(std::vector<detail::Spinner*>& spinners, detail::Backend& backend) {
-  std::chrono::nanoseconds budget{0};
-  for (std::size_t i = 0; i < spinners.size(); ++i) budget = std::max(budget, spinners[i]->spin_budget());
-  if (budget.count() > 0) {
+  std::chrono::nanoseconds budget{0}, typical_gap = std::chrono::nanoseconds::max();
+  std::size_t busy = 0;  // spinners that expect a message: the shortest typical wait decides
+  for (std::size_t i = 0; i < spinners.size(); ++i)
+    if (std::chrono::nanoseconds wanted = spinners[i]->spin_budget(); wanted.count() > 0) {
+      ++busy;
+      budget = std::max(budget, wanted);
+      typical_gap = std::min(typical_gap, spinners[i]->typical_gap());
+    }
+  if (budget.count() > 0 && !detail::spin_takes_a_busy_cpu(busy, typical_gap)) {
     std::size_t handled = 0;
     detail::SpinOutcome spun = detail::spin_for(budget, [&](std::uint64_t polls) {
       for (std::size_t i = 0; i < spinners.size(); ++i) handled += spinners[i]->poll() ? 1 : 0;

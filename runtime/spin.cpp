@@ -12,6 +12,8 @@ AdaptiveSpin::AdaptiveSpin(std::optional<std::chrono::nanoseconds> bound) noexce
 
 void AdaptiveSpin::record(std::chrono::nanoseconds gap) noexcept {
   if (cooldown_ > 0) --cooldown_;
+  recent_gaps_[next_gap_] = gap;
+  next_gap_ = (next_gap_ + 1) % kRecentGaps;
   // A gap within the bound raises the budget to cover twice it (never lowers it: one quick answer
   // says little about the next); a longer one halves it.
   if (gap <= bound_)
@@ -19,6 +21,15 @@ void AdaptiveSpin::record(std::chrono::nanoseconds gap) noexcept {
   else
     budget_ /= 2;
   if (budget_ < std::chrono::microseconds(1)) budget_ = {};
+}
+
+bool spin_takes_a_busy_cpu(std::size_t busy, std::chrono::nanoseconds typical_gap) noexcept {
+  // Counted once: a system call per wait would cost what the spin saves.
+  static const std::size_t cpus = [] {
+    cpu_set_t set;
+    return sched_getaffinity(0, sizeof set, &set) == 0 ? static_cast<std::size_t>(CPU_COUNT(&set)) : std::size_t{1};
+  }();
+  return busy >= cpus && typical_gap > kLongWait;
 }
 
 std::uint64_t spin_polls() noexcept { return g_spin_polls.load(std::memory_order_relaxed); }

@@ -61,6 +61,31 @@ TEST(Spin, ByDefaultBothSidesPollWhileWorkIsInFlight) {
   EXPECT_GT(detail::PoolInternals::core(pool).worker_spin_polls(), 0u);
 }
 
+// One wait that was long by chance (a peer preempted) does not make a waiter think its waits are
+// long; four in a row do.
+TEST(Spin, AWaiterTakesTheShortestOfItsRecentWaitsAsTypical) {
+  detail::AdaptiveSpin spin;
+  EXPECT_EQ(spin.typical_gap(), 0ns) << "no wait seen: taken as short";
+  for (int i = 0; i < 4; ++i) spin.record(40us);
+  EXPECT_EQ(spin.typical_gap(), 40us);
+  spin.record(1us);
+  spin.record(900us);
+  EXPECT_EQ(spin.typical_gap(), 1us);
+  for (int i = 0; i < 2; ++i) spin.record(30us);
+  EXPECT_EQ(spin.typical_gap(), 1us) << "the short wait is one of the last four";
+  spin.record(30us);
+  EXPECT_EQ(spin.typical_gap(), 30us);
+}
+
+// With a busy worker behind every CPU, the parent's spin would take one of their CPUs: it spins
+// only for waits that are typically short, and sleeps through long ones.
+TEST(Spin, ASpinThatWouldTakeABusyWorkersCpuIsOnlyForShortWaits) {
+  constexpr std::size_t kMoreWorkersThanCpus = 4096;
+  EXPECT_TRUE(detail::spin_takes_a_busy_cpu(kMoreWorkersThanCpus, 40us));
+  EXPECT_FALSE(detail::spin_takes_a_busy_cpu(kMoreWorkersThanCpus, 2us)) << "a short wait is worth a spin";
+  EXPECT_FALSE(detail::spin_takes_a_busy_cpu(0, 40us)) << "a CPU is free for the spin";
+}
+
 std::chrono::milliseconds own_cpu_time() {
   rusage usage{};
   getrusage(RUSAGE_THREAD, &usage);

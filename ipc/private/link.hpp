@@ -132,6 +132,7 @@ class ParentLink final : public Spinner {
 
   // Spinner: the loop polls the ring for replies before it sleeps.
   std::chrono::nanoseconds spin_budget() override;
+  std::chrono::nanoseconds typical_gap() const override { return spin_.typical_gap(); }
   bool poll() override;
   bool prepare_to_sleep() override;
   void saw_preemption() override { spin_.saw_preemption(); }

@@ -4,6 +4,8 @@
 // a cache line crosses in ~0.1 µs. AdaptiveSpin chooses how long; a Spinner lets the loop poll
 // a source (a worker's ring) before it blocks (LoopInternals::add_spinner).
 
+#include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -45,10 +47,16 @@ class AdaptiveSpin {
   void record(std::chrono::nanoseconds gap) noexcept;
   // The spin of the current wait lost the CPU.
   void saw_preemption() noexcept { cooldown_ = kPreemptedCooldown; }
+  // How long the recent waits lasted at the least: the shortest of the last kRecentGaps gaps (so
+  // one wait that was long by chance, a peer preempted, does not count), zero before any.
+  static constexpr std::size_t kRecentGaps = 4;
+  std::chrono::nanoseconds typical_gap() const noexcept { return *std::ranges::min_element(recent_gaps_); }
 
  private:
   std::chrono::nanoseconds bound_;
   std::chrono::nanoseconds budget_;
+  std::array<std::chrono::nanoseconds, kRecentGaps> recent_gaps_{};
+  std::size_t next_gap_ = 0;
   int cooldown_ = 0;
 };
 
@@ -100,6 +108,14 @@ SpinOutcome spin_for(std::chrono::nanoseconds budget, Look look) {
   }
 }
 
+// When every CPU this process may use has a busy peer behind it (`busy` spinners expect a message
+// and there are no more CPUs than that), a spin takes its CPU from one of those peers, and the
+// scheduler splits it between the two. That pays only while the wait is short: a wait typically
+// longer than kLongWait (a wake-up across CPUs costs about 25 µs here) sleeps, and gives the CPU
+// to the peers it waits for.
+inline constexpr std::chrono::nanoseconds kLongWait = std::chrono::microseconds(10);
+bool spin_takes_a_busy_cpu(std::size_t busy, std::chrono::nanoseconds typical_gap) noexcept;
+
 // Polls done by spinning in this process (for tests: spin = 0 must do none).
 std::uint64_t spin_polls() noexcept;
 void count_spin_polls(std::uint64_t polls) noexcept;
@@ -110,6 +126,8 @@ class Spinner {
   virtual ~Spinner() = default;
   // How long the loop may poll this before sleeping; zero when no message is expected now.
   virtual std::chrono::nanoseconds spin_budget() = 0;
+  // How long its recent waits lasted (AdaptiveSpin::typical_gap).
+  virtual std::chrono::nanoseconds typical_gap() const = 0;
   // Looks once; true when it resumed something (a message was there).
   virtual bool poll() = 0;
   // The loop is about to sleep in the kernel: announce it to the peer (who then wakes us through
