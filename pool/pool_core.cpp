@@ -116,6 +116,7 @@ class PoolCoreImpl final : public PoolCore, public WorkerEvents, public std::ena
   void replenish();
   // Sends queued jobs to workers with room, and publishes them unless sends are held.
   void dispatch();
+  void prefetch_ahead() const noexcept;
   void flush_workers() noexcept;
   // The live worker to send `job` to now (one of workers_): its pinned one, else the least busy
   // with room; null when none may take it.
@@ -325,6 +326,7 @@ void PoolCoreImpl::flush_workers() noexcept {
 void PoolCoreImpl::dispatch() {
   if (terminated_) return;
   while (!queue_.empty()) {
+    prefetch_ahead();
     if (queue_.front()->sink->abandoned()) {
       queue_.pop_front();  // its map has failed: nobody wants what it would compute
       continue;
@@ -346,6 +348,18 @@ void PoolCoreImpl::dispatch() {
   if (closed_)
     for (auto& w : workers_) retire_if_idle(*w);
   if (sends_held_ == 0) flush_workers();  // held: release_sends() publishes
+}
+
+// Jobs wait in the queue long enough to leave the cache (100,000 submitted at once: tens of
+// megabytes), and dispatch reads each job, then its sink: two misses in a row per job. Asked for
+// a few jobs ahead, they are there by the time they are sent.
+void PoolCoreImpl::prefetch_ahead() const noexcept {
+  constexpr std::size_t kJobsAhead = 4, kSinksAhead = 2;
+  if (queue_.size() > kJobsAhead) {
+    const auto* job = reinterpret_cast<const char*>(queue_[kJobsAhead].get());
+    for (std::size_t line = 0; line < sizeof(Job); line += 64) __builtin_prefetch(job + line);
+  }
+  if (queue_.size() > kSinksAhead) __builtin_prefetch(queue_[kSinksAhead]->sink.get());
 }
 
 void PoolCoreImpl::retire_if_idle(PoolWorker& worker) {
