@@ -81,9 +81,13 @@ if pool:
             f"{raw / ns(spin_on):.1f}x faster than the socket ping-pong (target >= 20); "
             f"{ns(spin_on) / ns(futex):.1f}x the spin-then-futex ping-pong ({ns(futex):.0f} ns; target <= 20)")
     apart, futex_apart = pool.get("BM_ApplyAsyncRoundTripSpin/2/real_time"), pool.get("BM_RawSpinThenFutexPingPong/1/real_time")
+    socket_apart = pool.get("BM_RawSocketpairPingPong64BApart/real_time")
     if apart and futex_apart:
-        row("pool: apply_async round trip, parent and worker pinned to two CPUs", f"{ns(apart) / 1e3:.2f} us",
-            f"{ns(apart) / ns(futex_apart):.1f}x the spin-then-futex ping-pong pinned the same way ({ns(futex_apart):.0f} ns)")
+        ratio = f"{ns(apart) / ns(futex_apart):.1f}x the spin-then-futex ping-pong pinned the same way ({ns(futex_apart):.0f} ns)"
+        if socket_apart:
+            ratio += (f"; {ns(socket_apart) / ns(apart):.1f}x faster than the socket ping-pong pinned the same way "
+                      f"({ns(socket_apart) / 1e3:.1f} us; target >= 20)")
+        row("pool: apply_async round trip, parent and worker pinned to two CPUs", f"{ns(apart) / 1e3:.2f} us", ratio)
     for name, label, py_label in (("BM_ApplyAsync100kInFlight/{}/2/real_time", "apply_async, 100,000 in flight", None),
                                   ("BM_ImapChunksize1/{}/real_time", "imap, chunksize 1",
                                    r"Pool.imap_unordered 1e5, chunksize 1: ([\d.]+) k")):

@@ -43,6 +43,7 @@ long rss_kib() {
 }
 
 BENCHMARK(BM_RawSocketpairPingPong64B)->UseRealTime();
+BENCHMARK(BM_RawSocketpairPingPong64BApart)->UseRealTime();
 BENCHMARK(BM_RawSpinThenFutexPingPong)->Arg(0)->Arg(1)->UseRealTime();
 
 // PoolOptions::spin for Arg 0 (adaptive, the default) and 1 (never spin: the kernel wakes).

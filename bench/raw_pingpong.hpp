@@ -9,26 +9,6 @@
 
 #include <cstdlib>
 
-inline void BM_RawSocketpairPingPong64B(benchmark::State& state) {
-  int sv[2];
-  socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv);
-  pid_t pid = fork();
-  char buf[64] = {};
-  if (pid == 0) {
-    close(sv[0]);
-    while (read(sv[1], buf, sizeof buf) > 0)
-      if (write(sv[1], buf, sizeof buf) != sizeof buf) break;
-    _exit(0);
-  }
-  close(sv[1]);
-  for (auto _ : state) {
-    if (write(sv[0], buf, sizeof buf) != sizeof buf || read(sv[0], buf, sizeof buf) != sizeof buf) std::abort();
-  }
-  close(sv[0]);
-  waitpid(pid, nullptr, 0);
-  state.SetItemsProcessed(state.iterations());
-}
-
 // The machine's limit for a round trip that may sleep: a forked child and the parent over one
 // shared page, each side polling up to 2 µs for its turn and then sleeping on a futex, and the
 // other side waking it only when it announced sleep (../shared/anchors/latency/futex_pingpong.c
@@ -79,6 +59,36 @@ inline cpu_set_t pin_to_cpu(int cpu) {
   sched_setaffinity(0, sizeof only, &only);
   return before;
 }
+
+// The parent and a forked child over a blocking SOCK_SEQPACKET socketpair. `apart`: the parent on
+// CPU 0 and the child on CPU 1, so every wake-up crosses CPUs (../shared/anchors/latency's
+// socket_seqpacket_cross); otherwise where the scheduler puts them, which flips between the two.
+inline void socketpair_pingpong(benchmark::State& state, bool apart) {
+  apart = apart && sysconf(_SC_NPROCESSORS_ONLN) >= 2;
+  cpu_set_t before;
+  if (apart) before = pin_to_cpu(0);
+  int sv[2];
+  socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv);
+  pid_t pid = fork();
+  char buf[64] = {};
+  if (pid == 0) {
+    if (apart) pin_to_cpu(1);
+    close(sv[0]);
+    while (read(sv[1], buf, sizeof buf) > 0)
+      if (write(sv[1], buf, sizeof buf) != sizeof buf) break;
+    _exit(0);
+  }
+  close(sv[1]);
+  for (auto _ : state) {
+    if (write(sv[0], buf, sizeof buf) != sizeof buf || read(sv[0], buf, sizeof buf) != sizeof buf) std::abort();
+  }
+  close(sv[0]);
+  waitpid(pid, nullptr, 0);
+  if (apart) sched_setaffinity(0, sizeof before, &before);
+  state.SetItemsProcessed(state.iterations());
+}
+inline void BM_RawSocketpairPingPong64B(benchmark::State& state) { socketpair_pingpong(state, false); }
+inline void BM_RawSocketpairPingPong64BApart(benchmark::State& state) { socketpair_pingpong(state, true); }
 
 // Arg 1: the parent on CPU 0, the child on CPU 1 (a wake-up crosses CPUs); 0: where the
 // scheduler puts them.
