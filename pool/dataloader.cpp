@@ -91,8 +91,27 @@ std::size_t batches_per_epoch(std::size_t dataset_size, const DataLoaderOptions&
   return options.drop_last ? samples / options.batch_size : (samples + options.batch_size - 1) / options.batch_size;
 }
 
-std::vector<std::vector<std::uint64_t>> epoch_batches(std::size_t dataset_size, const DataLoaderOptions& options,
-                                                      std::uint64_t seed, std::uint64_t epoch) {
+namespace {
+
+// Positions [0, samples) cut into batch_size runs (the last one short unless drop_last), each
+// batch made by make(first position, count).
+template <class Make>
+std::vector<IndexBatch> cut_into_batches(std::size_t samples, const DataLoaderOptions& options, Make make) {
+  std::vector<IndexBatch> batches;
+  for (std::size_t first = 0; first < samples; first += options.batch_size) {
+    std::size_t count = std::min(options.batch_size, samples - first);
+    if (count < options.batch_size && options.drop_last) break;
+    batches.push_back(make(first, count));
+  }
+  return batches;
+}
+
+}  // namespace
+
+std::vector<IndexBatch> epoch_batches(std::size_t dataset_size, const DataLoaderOptions& options, std::uint64_t seed,
+                                      std::uint64_t epoch) {
+  if (!options.shuffle && options.world_size <= 1)  // runs, without listing the dataset
+    return cut_into_batches(dataset_size, options, &IndexBatch::run);
   std::vector<std::uint64_t> order(dataset_size);
   std::iota(order.begin(), order.end(), std::uint64_t{0});
   if (options.shuffle) {
@@ -108,14 +127,9 @@ std::vector<std::vector<std::uint64_t>> epoch_batches(std::size_t dataset_size, 
       share.push_back(order[i]);
     order = std::move(share);
   }
-  std::vector<std::vector<std::uint64_t>> batches;
-  for (std::size_t first = 0; first < order.size(); first += options.batch_size) {
-    std::size_t end = std::min(first + options.batch_size, order.size());
-    if (end - first < options.batch_size && options.drop_last) break;
-    batches.emplace_back(order.begin() + static_cast<std::ptrdiff_t>(first),
-                         order.begin() + static_cast<std::ptrdiff_t>(end));
-  }
-  return batches;
+  return cut_into_batches(order.size(), options, [&order](std::size_t first, std::size_t count) {
+    return IndexBatch::of(std::span<const std::uint64_t>(order).subspan(first, count));
+  });
 }
 
 void throw_sample_error(std::uint64_t index) {

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include <forkpool/pool/internal/core_stream.hpp>
+#include <forkpool/pool/internal/index_batch.hpp>
 #include <forkpool/pool/internal/stream_state.hpp>
 #include <forkpool/pool/pool.hpp>
 #include <forkpool/pool/stream.hpp>
@@ -111,8 +112,8 @@ std::uint64_t loader_seed(const DataLoaderOptions& options);
 // (sequential, or a permutation drawn from `seed` and `epoch`; with world_size > 1 every rank
 // draws the same permutation, padded by repeating its start to a multiple of world_size, as
 // torch's DistributedSampler, and takes every world_size-th index from its rank on).
-std::vector<std::vector<std::uint64_t>> epoch_batches(std::size_t dataset_size, const DataLoaderOptions& options,
-                                                      std::uint64_t seed, std::uint64_t epoch);
+std::vector<IndexBatch> epoch_batches(std::size_t dataset_size, const DataLoaderOptions& options, std::uint64_t seed,
+                                      std::uint64_t epoch);
 std::size_t batches_per_epoch(std::size_t dataset_size, const DataLoaderOptions& options);
 // The default collate of tensors, fed a sample at a time: each is copied into the batch (one
 // tensor with a leading batch dimension, in shared memory, made at the first sample) as it comes,
@@ -197,7 +198,7 @@ class DataLoader {
   // with WorkerLost and its shard ends there (its replacement reads it afresh next epoch).
   Stream<Batch> epoch() {
     std::uint64_t epoch = epochs_++;
-    std::vector<std::vector<std::uint64_t>> batches;
+    std::vector<detail::IndexBatch> batches;
     if constexpr (!kIterable) batches = detail::epoch_batches(shared_->dataset.size(), options_, seed_, epoch);
     if (options_.num_workers == 0) {
       auto state = std::make_shared<InProcessEpoch>(shared_, std::move(batches), epoch);
@@ -283,22 +284,22 @@ class DataLoader {
       detail::throw_sample_error(index);
     }
   }
-  static Batch make_batch(Shared& shared, const std::vector<std::uint64_t>& indices) {
+  static Batch make_batch(Shared& shared, const detail::IndexBatch& indices) {
     if constexpr (std::is_same_v<Sample, Tensor> && std::is_same_v<Batch, Tensor>) {
       // The default collate takes each sample as it comes: the batch never holds them all, and
       // the next sample reuses the memory the last one left, still in cache.
       if (shared.collate == &detail::default_collate<Sample>) {
         detail::Stacker stacker(indices.size());
-        for (std::uint64_t index : indices) stacker.add(get(shared, index));
+        for (std::size_t i = 0; i < indices.size(); ++i) stacker.add(get(shared, indices[i]));
         return stacker.finish();
       }
     }
     std::vector<Sample> samples;
     samples.reserve(indices.size());
-    for (std::uint64_t index : indices) samples.push_back(get(shared, index));
+    for (std::size_t i = 0; i < indices.size(); ++i) samples.push_back(get(shared, indices[i]));
     return shared.collate(std::move(samples));
   }
-  static Batch load(std::vector<std::uint64_t> indices) { return make_batch(*in_worker, indices); }
+  static Batch load(detail::IndexBatch indices) { return make_batch(*in_worker, indices); }
 
   // Batch `batch` of this process's shard in epoch `epoch`: empty once the shard has ended.
   static std::optional<Batch> next_of_shard(Shared& shared, std::uint64_t epoch, std::uint64_t batch) {
@@ -349,7 +350,7 @@ class DataLoader {
   // iterable dataset is read whole (worker_info() is empty here, as in torch).
   class InProcessEpoch final : public detail::StreamState<Batch> {
    public:
-    InProcessEpoch(std::shared_ptr<Shared> shared, std::vector<std::vector<std::uint64_t>> batches, std::uint64_t epoch)
+    InProcessEpoch(std::shared_ptr<Shared> shared, std::vector<detail::IndexBatch> batches, std::uint64_t epoch)
         : detail::StreamState<Batch>(/*ordered=*/true, /*window=*/1),
           shared_(std::move(shared)),
           batches_(std::move(batches)),
@@ -380,7 +381,7 @@ class DataLoader {
       return true;
     }
     std::shared_ptr<Shared> shared_;
-    std::vector<std::vector<std::uint64_t>> batches_;
+    std::vector<detail::IndexBatch> batches_;
     std::uint64_t epoch_;
   };
 

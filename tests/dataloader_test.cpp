@@ -15,6 +15,7 @@
 #include <vector>
 
 #include <forkpool/forkpool.hpp>
+#include <forkpool/pool/internal/index_batch.hpp>
 
 #include "support.hpp"
 
@@ -520,6 +521,31 @@ TEST(StreamTest, RangeForInsideACoroutineOnTheSameLoopIsRefused) {
     co_return;
   };
   EXPECT_THROW(run(body()), std::logic_error);
+}
+
+// A sequential sampler's batch crosses as two numbers whatever its size; a shuffled one as its
+// list; either arrives as it left. What a hostile sender makes of them is a ProtocolError.
+TEST(IndexBatchTest, ConsecutiveIndicesCrossAsARunAndAnyOtherOrderAsItsList) {
+  std::vector<std::uint64_t> consecutive(64), shuffled{5, 9, 6, 2};
+  std::iota(consecutive.begin(), consecutive.end(), std::uint64_t{4096});
+  detail::IndexBatch run = detail::IndexBatch::of(consecutive), list = detail::IndexBatch::of(shuffled);
+  EXPECT_TRUE(run.is_run());
+  EXPECT_FALSE(list.is_run());
+  EXPECT_EQ(run.to_vector(), consecutive);
+  EXPECT_EQ(list.to_vector(), shuffled);
+  EXPECT_EQ(encode(run).bytes().size(), 17u) << "a run is its first index and its count";
+  EXPECT_EQ(decode<detail::IndexBatch>(encode(run).bytes()).to_vector(), consecutive);
+  EXPECT_EQ(decode<detail::IndexBatch>(encode(list).bytes()).to_vector(), shuffled);
+  EXPECT_TRUE(detail::IndexBatch::of(std::vector<std::uint64_t>{7}).is_run());
+
+  auto malformed = [](auto... fields) {
+    Writer w;
+    (w.write(fields), ...);
+    return decode<detail::IndexBatch>(w.bytes());
+  };
+  EXPECT_THROW(malformed(std::uint8_t{2}, std::uint64_t{0}, std::uint64_t{1}), ProtocolError) << "unknown kind";
+  EXPECT_THROW(malformed(std::uint8_t{1}, ~std::uint64_t{0}, std::uint64_t{2}), ProtocolError) << "past the largest";
+  EXPECT_THROW(malformed(std::uint8_t{0}, std::vector<std::uint64_t>{3}), ProtocolError) << "a list of one";
 }
 
 }  // namespace

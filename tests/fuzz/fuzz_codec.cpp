@@ -19,6 +19,7 @@
 
 #include <forkpool/ipc/codec.hpp>
 #include <forkpool/ipc/private/memfd.hpp>
+#include <forkpool/pool/internal/index_batch.hpp>
 #include <forkpool/shm/private/peer_memory.hpp>
 #include <forkpool/sync/pipe.hpp>
 #include <forkpool/sync/queue.hpp>
@@ -135,7 +136,7 @@ void try_queue_item(std::span<const std::byte> bytes) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size == 0) return 0;
   auto bytes = std::as_bytes(std::span(data + 1, size - 1));
-  switch (data[0] % 31) {
+  switch (data[0] % 32) {
     case 0: try_decode<int>(bytes); break;
     case 1: try_decode<bool>(bytes); break;
     case 2: try_decode<std::string>(bytes); break;
@@ -170,6 +171,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     case 28: try_decode_with_descriptors<fp::Value<double>>(bytes); break;
     case 29: try_decode_with_descriptors<fp::Array<std::int32_t>>(bytes); break;
     case 30: try_decode_with_descriptors<fp::SharedMemory>(bytes); break;
+    case 31: try_decode<fp::detail::IndexBatch>(bytes); break;
   }
   return 0;
 }
