@@ -95,7 +95,9 @@ for layer in LAYERS:
                 stack.append((m.group(1), depth))
             d = definition.match(line)
             at_namespace_scope = stack and depth == stack[-1][1] + 1
-            if d and at_namespace_scope and not any("detail" in ns.split("::") for ns, _ in stack):
+            # A specialization (`struct codec<detail::X> {`) lives where its template does.
+            specialization = d and line[d.end(1):].startswith("<")
+            if d and at_namespace_scope and not specialization and not any("detail" in ns.split("::") for ns, _ in stack):
                 violations.append(f"{path.relative_to(root)}: {d.group(1)} is defined in namespace "
                                   f"{'::'.join(ns for ns, _ in stack)}, not in a detail namespace")
             depth += line.count("{") - line.count("}")
