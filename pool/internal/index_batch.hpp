@@ -45,7 +45,6 @@ class IndexBatch {
     for (std::size_t i = 0; i < out.size(); ++i) out[i] = (*this)[i];
     return out;
   }
-  friend bool operator==(const IndexBatch& a, const IndexBatch& b) { return a.to_vector() == b.to_vector(); }
 
  private:
   friend struct codec<IndexBatch>;
