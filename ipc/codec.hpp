@@ -83,10 +83,16 @@ struct enum_bounds {};
 
 // What codecs may keep about one conversation beyond a single message (shm's tensors keep the
 // storages a peer already maps). ipc only carries the pointer; the layer that defines a context
-// recognises its own with dynamic_cast. Null when a message stands alone.
+// recognises its own by `kind`, the address of a tag it defines (dynamic_cast would compare type
+// names with strcmp, once per tensor a message carries). Null when a message stands alone.
 class CodecContext {
  public:
+  explicit CodecContext(const void* kind) noexcept : kind_(kind) {}
   virtual ~CodecContext() = default;
+  const void* kind() const noexcept { return kind_; }
+
+ private:
+  const void* kind_;
 };
 
 // The descriptors attached to a message and what keeps them open until it is sent: owned

@@ -322,8 +322,9 @@ bool PoolWorker::deliver(Job& job, Message& message) {
   try {
     if (message.kind == kResultMessage) {
       ResultLayout result = parse_result(message.payload.bytes());
-      memory_->accept_release(result.release);  // the job still holds what it lent
+      // The results' blocks first: the release may let go of a block of ours they return.
       IncomingBlocks blocks = memory_->accept_blocks(result.results.table);
+      memory_->accept_release(result.release);
       Reader results(result.results.body, message.fds, &blocks);
       job.sink->chunk_done(job.chunk, job.range, results);
       return true;

@@ -72,11 +72,6 @@ TaskCall read_task(Message& task, PeerMemory& memory) {
           memory.accept_blocks(payload.table)};
 }
 
-void finish_result(Writer& out, const OutgoingBlocks& blocks, const BlockRelease& release) {
-  blocks.write_table(out);
-  append_release(out, release);
-}
-
 ResultLayout parse_result(std::span<const std::byte> payload) {
   auto [release, rest] = split_release(payload);
   return {release, split_block_table(rest)};

@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <exception>
+#include <optional>
 #include <string>
 #include <tuple>
 
@@ -68,11 +69,15 @@ void serve_task(WorkerLink& link, Message& task, PeerMemory& memory, RunningSlot
     link.send(kErrorMessage, task.request_id, encode_current_exception().bytes());
     return;
   }
-  // The arguments are gone: what only they held goes home with the result.
+  // The arguments are gone, and so are the result's own holds once it is lent (a block of ours
+  // stays lent; one of the parent's it returns, the parent reads before this release): what only
+  // they held goes home with the result.
   call.blocks = IncomingBlocks({});
-  finish_result(out, reply, memory.take_release());
-  if (auto introduction = memory.lend(reply))
-    link.send(kSlabMessage, 0, introduction->payload.bytes(), introduction->fds);
+  std::optional<PeerMemory::Introduction> introduction = memory.lend(reply);
+  reply.write_table(out);
+  reply = OutgoingBlocks();
+  append_release(out, memory.take_release());
+  if (introduction) link.send(kSlabMessage, 0, introduction->payload.bytes(), introduction->fds);
   link.send(kResultMessage, task.request_id, out.bytes(), out.fds());
   give_back_buffer(std::move(out.buffer()));
 }

@@ -14,7 +14,16 @@ namespace {
 }  // namespace
 
 std::optional<std::uint32_t> OutgoingBlocks::block_index(const std::shared_ptr<Storage>& storage) {
-  auto [it, fresh] = index_.try_emplace(storage.get(), static_cast<std::uint32_t>(storages_.size()));
+  auto next = static_cast<std::uint32_t>(storages_.size());
+  if (index_.empty()) {  // a few blocks so far: scan them
+    for (std::uint32_t i = 0; i < next; ++i)
+      if (storages_[i] == storage) return i;
+    storages_.push_back(storage);
+    if (storages_.size() == kIndexedFrom)  // many: index them from here on
+      for (std::uint32_t i = 0; i <= next; ++i) index_.emplace(storages_[i].get(), i);
+    return next;
+  }
+  auto [it, fresh] = index_.try_emplace(storage.get(), next);
   if (fresh) storages_.push_back(storage);
   return it->second;
 }

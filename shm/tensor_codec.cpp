@@ -23,6 +23,8 @@ struct enum_bounds<StorageKind> {
 
 namespace detail {
 
+const char StorageConversation::kKind = 0;
+
 void encode_tensor_view(Writer& w, const std::shared_ptr<Storage>& storage, std::int64_t byte_offset,
                         std::span<const std::int64_t> shape, std::span<const std::int64_t> strides, DType dtype) {
   if (!storage) {
@@ -33,7 +35,7 @@ void encode_tensor_view(Writer& w, const std::shared_ptr<Storage>& storage, std:
     throw std::invalid_argument(
         "forkpool: this tensor's memory is not shared (it came from DLPack): call share_memory_() to copy it "
         "into shared memory once, then send it");
-  auto* conversation = dynamic_cast<StorageConversation*>(w.context());
+  StorageConversation* conversation = StorageConversation::of(w.context());
   std::uint64_t storage_size = storage->size();
   std::int64_t offset = byte_offset;
   if (auto index = storage->slab() && conversation ? conversation->block_index(storage) : std::nullopt) {
@@ -114,7 +116,7 @@ void decode_tensor_view(Reader& r, TensorView& view) {
     case StorageKind::memfd: view.storage = Storage::adopt_memfd(r.take_fd(index), storage_size); break;
     case StorageKind::named: view.storage = Storage::adopt_named(name, storage_size); break;
     default: {
-      auto* conversation = dynamic_cast<const StorageConversation*>(r.context());
+      const StorageConversation* conversation = StorageConversation::of(r.context());
       view.storage = conversation ? conversation->block_at(index) : nullptr;
       if (!view.storage) r.fail("tensor names block " + std::to_string(index) + ", which its message does not carry");
       if (view.storage->size() < storage_size) r.fail("tensor claims a block larger than the one its message carries");

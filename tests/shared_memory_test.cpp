@@ -104,6 +104,11 @@ int drop_kept(int) {
   kept_in_worker().clear();
   return 0;
 }
+Tensor give_back_kept(int) {
+  Tensor t = kept_in_worker().at(0);
+  kept_in_worker().clear();
+  return t;
+}
 
 TEST(SlabAllocator, AFreedBlockIsTheNextOneHandedOut) {
   std::optional<Tensor> t = Tensor::empty({1000}, DType::f32);
@@ -193,6 +198,21 @@ TEST(SharedMemory, ManyTensorsInOneChunkCrossInOneSlab) {
   ASSERT_EQ(back.size(), tensors.size());
   for (std::size_t i = 0; i < back.size(); ++i) EXPECT_EQ(back[i].storage(), tensors[i].storage());
   EXPECT_EQ(slab_mappings_of(pool.worker_pids().at(0)), 1);
+}
+
+// A worker returns a tensor of the parent's that it kept from an earlier task and lets go of it
+// in the same task, after the parent dropped its own: the result still arrives over that memory.
+TEST(SharedMemory, ATensorAWorkerKeptAndReturnsArrivesThoughTheResultAlsoReleasesIt) {
+  Pool pool({.processes = 1});
+  std::optional<Tensor> t = Tensor::zeros({256}, DType::i32);
+  t->data<std::int32_t>()[0] = 41;
+  void* address = t->raw_data();
+  ASSERT_EQ(pool.apply_async(keep, *t).get(), 1);
+  t.reset();  // only the worker holds it now
+  Tensor back = pool.apply_async(give_back_kept, 0).get();
+  EXPECT_EQ(back.raw_data(), address);
+  EXPECT_EQ(back.data<std::int32_t>()[0], 41);
+  EXPECT_EQ(pool.apply_async(nothing, 5).get(), 5) << "the pool serves on";
 }
 
 // The DataLoader pattern: each task builds a new batch; the parent consumes and drops it.
@@ -491,6 +511,21 @@ TEST(PeerMemory, ASlabIsIntroducedOnceAndABlockIsReleasedWithItsCount) {
   a->accept_release(release.bytes());
   a->accept_release(release.bytes());
   EXPECT_THROW(a->accept_release(release.bytes()), ProtocolError) << "released more often than lent";
+}
+
+// A message names each storage once in its table however often its tensors repeat it, both
+// while it scans its few blocks and after it indexes many.
+TEST(PeerMemory, AMessagesTableNamesEachStorageOnceBeforeAndAfterItIndexesThem) {
+  std::vector<Tensor> tensors;
+  for (int i = 0; i < 40; ++i) tensors.push_back(Tensor::empty({4}, DType::f32));
+  OutgoingBlocks blocks;
+  for (int pass = 0; pass < 2; ++pass)
+    for (std::uint32_t i = 0; i < tensors.size(); ++i) {
+      EXPECT_EQ(blocks.block_index(tensors[i].storage()), i) << "pass " << pass;
+      EXPECT_EQ(blocks.block_index(tensors[i / 2].storage()), i / 2) << "pass " << pass;
+    }
+  ASSERT_EQ(blocks.storages().size(), tensors.size());
+  for (std::size_t i = 0; i < tensors.size(); ++i) EXPECT_EQ(blocks.storages()[i], tensors[i].storage());
 }
 
 // A result carries its task's release at its end, written in place: split off again it is the

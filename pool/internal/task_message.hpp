@@ -295,9 +295,10 @@ std::exception_ptr decode_exception(std::span<const std::byte> payload, pid_t wo
 }
 
 // A result message: [u64 count of results][results...][table of blocks][release][u32 its
-// length]. The invoker writes the count and the results (Call::invoke); finish_result() appends
-// the rest: the table of the blocks the results name, and what the task let go of.
-void finish_result(Writer& out, const OutgoingBlocks& blocks, const BlockRelease& release);
+// length]. The invoker writes the count and the results (Call::invoke); the worker appends the
+// table of the blocks the results name (OutgoingBlocks::write_table) and what the task let go of
+// (append_release), which may include blocks of the parent's the results return: the parent
+// takes the results' blocks before it reads the release.
 struct ResultLayout {
   std::span<const std::byte> release;
   TabledPayload results;  // the count and the results; the table of their blocks

@@ -42,8 +42,12 @@ class OutgoingBlocks final : public StorageConversation {
   std::size_t table_bytes() const noexcept;
 
  private:
+  // A message of a few blocks finds a repeated one by a scan (a hash table would cost its
+  // allocations on every message); from this many on it indexes them.
+  static constexpr std::size_t kIndexedFrom = 16;
+
   std::vector<std::shared_ptr<Storage>> storages_;
-  std::unordered_map<const Storage*, std::uint32_t> index_;
+  std::unordered_map<const Storage*, std::uint32_t> index_;  // empty below kIndexedFrom
 };
 
 // The blocks a received message carries, resolved here: the Reader's context.
