@@ -75,7 +75,7 @@ void serve_task(WorkerLink& link, Message& task, PeerMemory& memory, RunningSlot
   call.blocks = IncomingBlocks({});
   std::optional<PeerMemory::Introduction> introduction = memory.lend(reply);
   reply.write_table(out);
-  reply = OutgoingBlocks();
+  reply.clear();
   append_release(out, memory.take_release());
   if (introduction) link.send(kSlabMessage, 0, introduction->payload.bytes(), introduction->fds);
   link.send(kResultMessage, task.request_id, out.bytes(), out.fds());

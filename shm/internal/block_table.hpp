@@ -36,6 +36,11 @@ class OutgoingBlocks final : public StorageConversation {
   std::shared_ptr<Storage> block_at(std::uint32_t) const override { return nullptr; }
 
   const std::vector<std::shared_ptr<Storage>>& storages() const noexcept { return storages_; }
+  // Lets go of the storages (once the table is written and the blocks lent).
+  void clear() noexcept {
+    storages_.clear();
+    index_.clear();
+  }
   // Appends the table to a message: [slab, offset, bytes]... [u32 number of entries].
   void write_table(Writer& w) const;
   // Bytes write_table() appends.
