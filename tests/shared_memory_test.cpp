@@ -215,6 +215,21 @@ TEST(SharedMemory, ATensorAWorkerKeptAndReturnsArrivesThoughTheResultAlsoRelease
   EXPECT_EQ(pool.apply_async(nothing, 5).get(), 5) << "the pool serves on";
 }
 
+// A pipeline: a batch one pool's worker made, passed to another pool's worker that keeps it;
+// the parent lets go of it, and that worker later returns it and lets go in the same task.
+TEST(SharedMemory, ABatchPassedOnToAnotherPoolAndReturnedFromThereArrivesIntact) {
+  Pool makers({.processes = 1}), keepers({.processes = 1});
+  std::optional<Tensor> made = makers.apply_async(batch, 512, 2.5f).get();
+  void* address = made->raw_data();
+  ASSERT_EQ(keepers.apply_async(keep, *made).get(), 1);
+  made.reset();  // only the keeper holds it now (the maker's block is still lent to us)
+  Tensor back = keepers.apply_async(give_back_kept, 0).get();
+  EXPECT_EQ(back.raw_data(), address);
+  EXPECT_EQ(back.data<float>()[0], 2.5f);
+  EXPECT_EQ(back.data<float>()[511], 2.5f);
+  EXPECT_EQ(keepers.apply_async(nothing, 5).get(), 5) << "the pool serves on";
+}
+
 // The DataLoader pattern: each task builds a new batch; the parent consumes and drops it.
 TEST(SharedMemory, ARecycledBatchIsTheSameBlockAndNeitherSideMapsAnythingNew) {
   Pool pool({.processes = 1});
