@@ -173,7 +173,7 @@ void PeerMemory::restore(Release release) {
 
 void PeerMemory::on_release_due(std::function<void(PeerMemory&)> callback) {
   std::lock_guard lock(mutex_);
-  on_release_due_ = std::move(callback);
+  on_release_due_ = std::make_shared<const std::function<void(PeerMemory&)>>(std::move(callback));
 }
 
 void PeerMemory::peer_gone() {
@@ -209,9 +209,9 @@ void PeerMemory::slab_released(std::uint64_t slab_id) {
 
 void PeerMemory::release_due(std::unique_lock<std::mutex>& lock) {
   release_pending_.store(true, std::memory_order_release);
-  std::function<void(PeerMemory&)> callback = on_release_due_;
+  std::shared_ptr<const std::function<void(PeerMemory&)>> callback = on_release_due_;  // no copy of the function
   lock.unlock();
-  if (callback) callback(*this);
+  if (callback) (*callback)(*this);
 }
 
 }  // namespace forkpool::detail

@@ -66,7 +66,7 @@ struct stat stat_of(int fd, const char* what) {
 
 }  // namespace
 
-Storage::Storage() {
+Storage::Storage(Key) {
   static std::atomic<std::uint64_t> next_id{0};
   id_ = ++next_id;
 }
@@ -109,7 +109,7 @@ bool Storage::segment_intact() const noexcept {
 
 std::shared_ptr<Storage> Storage::allocate(std::size_t bytes) {
   if (get_sharing_strategy() == SharingStrategy::file_descriptor) return SlabAllocator::instance().allocate(bytes);
-  std::shared_ptr<Storage> storage(new Storage());
+  std::shared_ptr<Storage> storage = std::make_shared<Storage>(Key());
   allocate_named(*storage, bytes);
   storage->size_ = bytes;
   struct stat st = stat_of(storage->fd_.get(), "forkpool: new storage");
@@ -118,7 +118,7 @@ std::shared_ptr<Storage> Storage::allocate(std::size_t bytes) {
 }
 
 std::shared_ptr<Storage> Storage::block(std::shared_ptr<Slab> slab, std::size_t offset, std::size_t bytes) {
-  std::shared_ptr<Storage> storage(new Storage());
+  std::shared_ptr<Storage> storage = std::make_shared<Storage>(Key());
   storage->kind_ = Kind::block;
   storage->data_ = slab->data() + offset;
   storage->size_ = bytes;
@@ -130,7 +130,7 @@ std::shared_ptr<Storage> Storage::block(std::shared_ptr<Slab> slab, std::size_t 
 int Storage::fd() const noexcept { return slab_ ? slab_->fd() : fd_.get(); }
 
 std::shared_ptr<Storage> Storage::external(std::byte* data, std::size_t bytes, std::function<void()> release) {
-  std::shared_ptr<Storage> storage(new Storage());
+  std::shared_ptr<Storage> storage = std::make_shared<Storage>(Key());
   storage->kind_ = Kind::external;
   storage->data_ = data;
   storage->size_ = bytes;
@@ -146,7 +146,7 @@ std::shared_ptr<Storage> Storage::adopt_memfd(UniqueFd fd, std::size_t min_bytes
     return known;
   }
   std::size_t size = check_sealed_memfd(fd.get(), st, min_bytes, "forkpool: tensor storage");
-  std::shared_ptr<Storage> storage(new Storage());
+  std::shared_ptr<Storage> storage = std::make_shared<Storage>(Key());
   storage->mapping_ = Mapping::map(fd.get(), size, PROT_READ | PROT_WRITE);
   storage->data_ = storage->mapping_.data();
   storage->size_ = size;
@@ -170,7 +170,7 @@ std::shared_ptr<Storage> Storage::adopt_named(const std::string& name, std::size
     known->holders()->fetch_sub(1);  // we hold it already: the message's reference is not needed
     return known;
   }
-  std::shared_ptr<Storage> storage(new Storage());
+  std::shared_ptr<Storage> storage = std::make_shared<Storage>(Key());
   storage->kind_ = Kind::named;
   storage->name_ = name;
   track_segment_name(name);

@@ -45,6 +45,13 @@ class Storage {
   // is mapped afresh).
   static void forget_inherited() noexcept;
 
+  // Made only by the factories above (the key is theirs): public for std::make_shared, which
+  // puts the storage and its count in one allocation.
+  class Key {
+    friend class Storage;
+    explicit Key() = default;
+  };
+  explicit Storage(Key);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -74,7 +81,6 @@ class Storage {
  private:
   friend class Slab;
   enum class Kind { block, memfd, named, external };
-  Storage();
   static std::shared_ptr<Storage> block(std::shared_ptr<Slab> slab, std::size_t offset, std::size_t bytes);
   static std::shared_ptr<Storage> cached(dev_t device, ino_t inode);
   static void remember(const std::shared_ptr<Storage>& storage, dev_t device, ino_t inode);

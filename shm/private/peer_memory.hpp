@@ -103,7 +103,7 @@ class PeerMemory final : public ReleaseListener, public std::enable_shared_from_
   Release due_;
   // due_ is not empty: read without the lock, so that the common call finds nothing cheaply.
   std::atomic<bool> release_pending_{false};
-  std::function<void(PeerMemory&)> on_release_due_;
+  std::shared_ptr<const std::function<void(PeerMemory&)>> on_release_due_;  // called without the lock
 };
 
 }  // namespace forkpool::detail
