@@ -69,9 +69,9 @@ void serve_task(WorkerLink& link, Message& task, PeerMemory& memory, RunningSlot
     link.send(kErrorMessage, task.request_id, encode_current_exception().bytes());
     return;
   }
-  // The arguments are gone, and so are the result's own holds once it is lent (a block of ours
-  // stays lent; one of the parent's it returns, the parent reads before this release): what only
-  // they held goes home with the result.
+  // The arguments are gone. The result's own holds go too, once its blocks are lent and its
+  // table written: a block of ours stays lent to the parent, and a block of the parent's that it
+  // returns is read there before this release. What only they held goes home with the result.
   call.blocks = IncomingBlocks({});
   std::optional<PeerMemory::Introduction> introduction = memory.lend(reply);
   reply.write_table(out);
