@@ -2,11 +2,13 @@
 
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <forkpool/runtime/internal/io.hpp>
+#include <forkpool/runtime/internal/one_shot.hpp>
 #include <forkpool/runtime/loop.hpp>
 #include <forkpool/runtime/scope.hpp>
 #include <forkpool/runtime/task.hpp>
@@ -192,6 +194,46 @@ TEST(Scope, JoinOfAnEmptyScopeCompletesAtOnce) {
     co_return 7;
   };
   EXPECT_EQ(run(body()), 7);
+}
+
+TEST(OneShot, SetResumesEveryWaiterOnceInTheOrderTheyCame) {
+  std::vector<int> order;
+  auto waiter = [](detail::OneShot& flag, std::vector<int>& out, int id) -> Task<void> {
+    co_await flag;
+    out.push_back(id);
+  };
+  auto body = [&]() -> Task<void> {
+    detail::OneShot flag;
+    Scope scope;
+    for (int id = 1; id <= 3; ++id) scope.start(waiter(flag, order, id));
+    EXPECT_TRUE(order.empty());
+    flag.set();
+    flag.set();                           // a second set() resumes nobody again
+    scope.start(waiter(flag, order, 4));  // set already: does not wait
+    co_await scope.join();
+  };
+  run(body());
+  EXPECT_EQ(order, (std::vector<int>{1, 2, 3, 4}));
+}
+
+TEST(OneShot, AWaiterMayDestroyTheFlagItWasResumedBy) {
+  auto flag = std::make_unique<detail::OneShot>();
+  int resumed = 0;
+  auto waiter = [](std::unique_ptr<detail::OneShot>& owner, int& count) -> Task<void> {
+    co_await *owner;
+    ++count;
+    owner.reset();  // the flag's set() is still on the stack, with a waiter left to resume
+  };
+  auto body = [&]() -> Task<void> {
+    Scope scope;
+    scope.start(waiter(flag, resumed));
+    scope.start(waiter(flag, resumed));
+    flag->set();
+    co_await scope.join();
+  };
+  run(body());
+  EXPECT_EQ(resumed, 2);
+  EXPECT_EQ(flag, nullptr);
 }
 
 }  // namespace

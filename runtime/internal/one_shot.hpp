@@ -14,24 +14,35 @@ class OneShot {
   void set() {
     if (set_) return;
     set_ = true;
-    // A resumed waiter may destroy this Event: resume from a local copy.
-    auto waiters = std::exchange(waiters_, {});
-    for (auto waiter : waiters) waiter.resume();
+    // A resumed waiter may destroy this OneShot: resume from local copies.
+    std::coroutine_handle<> first = std::exchange(first_, {});
+    auto more = std::exchange(more_, {});
+    if (first) first.resume();
+    for (auto waiter : more) waiter.resume();
   }
 
   auto operator co_await() noexcept {
     struct Awaiter {
       OneShot& event;
       bool await_ready() const noexcept { return event.set_; }
-      void await_suspend(std::coroutine_handle<> waiter) { event.waiters_.push_back(waiter); }
+      void await_suspend(std::coroutine_handle<> waiter) { event.add(waiter); }
       void await_resume() const noexcept {}
     };
     return Awaiter{*this};
   }
 
  private:
+  // Most flags have one waiter (an awaited result): it is kept without an allocation.
+  void add(std::coroutine_handle<> waiter) {
+    if (!first_)
+      first_ = waiter;
+    else
+      more_.push_back(waiter);
+  }
+
   bool set_ = false;
-  std::vector<std::coroutine_handle<>> waiters_;
+  std::coroutine_handle<> first_;
+  std::vector<std::coroutine_handle<>> more_;  // in the order they came, after first_
 };
 
 }  // namespace forkpool::detail
