@@ -5,9 +5,18 @@
 namespace forkpool::detail {
 
 void LentBlocks::lend(const std::shared_ptr<Storage>& storage) {
-  Lent& lent = lent_[{storage->slab()->id(), storage->slab_offset()}];
-  if (!lent.storage) lent.storage = storage;
-  ++lent.count;
+  std::pair<std::uint64_t, std::uint64_t> key{storage->slab()->id(), storage->slab_offset()};
+  auto it = lent_.lower_bound(key);
+  if (it == lent_.end() || it->first != key) {
+    if (spare_.empty()) {
+      it = lent_.emplace_hint(it, key, Lent{storage, 0});
+    } else {
+      spare_.key() = key;
+      spare_.mapped() = Lent{storage, 0};
+      it = lent_.insert(it, std::move(spare_));
+    }
+  }
+  ++it->second.count;
 }
 
 bool LentBlocks::came_home(std::uint64_t slab, std::uint64_t offset, std::uint64_t count, DroppedStorages& dropped) {
@@ -15,7 +24,7 @@ bool LentBlocks::came_home(std::uint64_t slab, std::uint64_t offset, std::uint64
   if (it == lent_.end() || count == 0 || count > it->second.count) return false;
   if ((it->second.count -= count) > 0) return true;
   dropped.push_back(std::move(it->second.storage));
-  lent_.erase(it);
+  spare_ = lent_.extract(it);
   return true;
 }
 

@@ -136,25 +136,44 @@ IncomingBlocks PeerMemory::accept_blocks(std::span<const BlockEntry> table) {
 }
 
 void PeerMemory::accept_release(std::span<const std::byte> payload) {
-  auto [released, forgotten] = decode<std::pair<std::vector<std::uint64_t>, std::vector<std::uint64_t>>>(payload);
-  if (released.size() % 3 != 0) broken("a release of " + std::to_string(released.size()) + " numbers");
-  if (released.empty() && forgotten.empty()) return;  // most results: no lock taken
-  DroppedStorages dropped_blocks;                     // destroyed after the lock is let go
+  // Read where it lies (as BlockRelease::encode_to wrote it): a release per tensor costs no vectors.
+  Reader r(payload);
+  std::size_t numbers = r.read_count(sizeof(std::uint64_t), "release");
+  if (numbers % 3 != 0) broken("a release of " + std::to_string(numbers) + " numbers");
+  std::span<const std::byte> released = r.read_span(numbers * sizeof(std::uint64_t));
+  std::size_t forgotten_count = r.read_count(sizeof(std::uint64_t), "release");
+  std::span<const std::byte> forgotten = r.read_span(forgotten_count * sizeof(std::uint64_t));
+  r.expect_end();
+  if (numbers == 0 && forgotten_count == 0) return;  // most results: no lock taken
+  auto number = [](std::span<const std::byte> words, std::size_t i) {
+    std::uint64_t value;
+    std::memcpy(&value, words.data() + i * sizeof value, sizeof value);
+    return value;
+  };
+  // Destroyed after the lock is let go (a storage's release calls back into us); the vector is
+  // kept for the next release, which this conversation's thread alone reads.
+  DroppedStorages dropped_blocks = std::move(dropped_scratch_);
   std::vector<std::shared_ptr<Slab>> dropped_slabs;
-  std::lock_guard lock(mutex_);
-  for (std::size_t i = 0; i < released.size(); i += 3)
-    if (!lent_.came_home(released[i], released[i + 1], released[i + 2], dropped_blocks))
-      broken("the peer releases block " + std::to_string(released[i + 1]) + " of slab " + std::to_string(released[i]) +
-             " more often than it was lent");
-  for (std::uint64_t peer_id : forgotten) {
-    auto it = from_peer_.find(peer_id);
-    if (it == from_peer_.end()) continue;  // a slab we were never told of: nothing to forget
-    if (it->second.theirs) {
-      peer_name_.erase(it->second.theirs->id());
-      dropped_slabs.push_back(std::move(it->second.theirs));
+  {
+    std::lock_guard lock(mutex_);
+    for (std::size_t i = 0; i < numbers; i += 3) {
+      std::uint64_t slab = number(released, i), offset = number(released, i + 1), count = number(released, i + 2);
+      if (!lent_.came_home(slab, offset, count, dropped_blocks))
+        broken("the peer releases block " + std::to_string(offset) + " of slab " + std::to_string(slab) +
+               " more often than it was lent");
     }
-    from_peer_.erase(it);
+    for (std::size_t i = 0; i < forgotten_count; ++i) {
+      auto it = from_peer_.find(number(forgotten, i));
+      if (it == from_peer_.end()) continue;  // a slab we were never told of: nothing to forget
+      if (it->second.theirs) {
+        peer_name_.erase(it->second.theirs->id());
+        dropped_slabs.push_back(std::move(it->second.theirs));
+      }
+      from_peer_.erase(it);
+    }
   }
+  dropped_blocks.clear();
+  dropped_scratch_ = std::move(dropped_blocks);
 }
 
 PeerMemory::Release PeerMemory::take_release() {

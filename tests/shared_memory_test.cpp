@@ -528,6 +528,28 @@ TEST(PeerMemory, ASlabIsIntroducedOnceAndABlockIsReleasedWithItsCount) {
   EXPECT_THROW(a->accept_release(release.bytes()), ProtocolError) << "released more often than lent";
 }
 
+// A release read where it lies is checked as a decoded one was: a count of numbers that is not
+// (slab, offset, count) triples, a truncated list or trailing bytes are a ProtocolError, and
+// the lent block stays lent.
+TEST(PeerMemory, AMalformedReleaseIsAProtocolErrorAndReleasesNothing) {
+  auto a = std::make_shared<PeerMemory>();
+  Tensor t = Tensor::empty({4}, DType::f32);
+  OutgoingBlocks blocks;
+  blocks.block_index(t.storage());
+  ASSERT_TRUE(a->lend(blocks));
+  std::uint64_t slab = t.storage()->slab()->id(), offset = t.storage()->slab_offset();
+  using Numbers = std::vector<std::uint64_t>;
+  Writer pairs = encode(std::pair(Numbers{slab, offset}, Numbers{}));
+  EXPECT_THROW(a->accept_release(pairs.bytes()), ProtocolError) << "not triples";
+  Writer good = encode(std::pair(Numbers{slab, offset, 1}, Numbers{}));
+  std::vector<std::byte> trailing(good.bytes().begin(), good.bytes().end());
+  trailing.push_back(std::byte{0});
+  EXPECT_THROW(a->accept_release(trailing), ProtocolError) << "trailing bytes";
+  EXPECT_THROW(a->accept_release(good.bytes().first(good.bytes().size() - 1)), ProtocolError) << "truncated";
+  a->accept_release(good.bytes());  // the block was still lent once
+  EXPECT_THROW(a->accept_release(good.bytes()), ProtocolError) << "released more often than lent";
+}
+
 // A message names each storage once in its table however often its tensors repeat it, both
 // while it scans its few blocks and after it indexes many.
 TEST(PeerMemory, AMessagesTableNamesEachStorageOnceBeforeAndAfterItIndexesThem) {

@@ -40,7 +40,9 @@ class LentBlocks {
     std::shared_ptr<Storage> storage;
     std::uint64_t count = 0;
   };
-  std::map<std::pair<std::uint64_t, std::uint64_t>, Lent> lent_;  // by (our slab id, offset)
+  using Map = std::map<std::pair<std::uint64_t, std::uint64_t>, Lent>;  // by (our slab id, offset)
+  Map lent_;
+  Map::node_type spare_;  // the last entry to come home, reused by the next lend: no allocation
 };
 
 // The borrower's side. `Home` says where a block's release goes (nothing, for a conversation
@@ -58,7 +60,18 @@ class BorrowedBlocks {
   // One more message brought storage `storage_id`, the lender's (`slab`, `offset`). True the
   // first time: the caller then asks the storage to tell it when it is let go.
   bool borrow(std::uint64_t storage_id, Home home, std::uint64_t slab, std::uint64_t offset) {
-    auto [it, first] = borrowed_.try_emplace(storage_id, Return{std::move(home), slab, offset, 0});
+    auto it = borrowed_.find(storage_id);
+    bool first = it == borrowed_.end();
+    if (first) {
+      Return entry{std::move(home), slab, offset, 0};
+      if (spare_.empty()) {
+        it = borrowed_.emplace(storage_id, std::move(entry)).first;
+      } else {
+        spare_.key() = storage_id;
+        spare_.mapped() = std::move(entry);
+        it = borrowed_.insert(std::move(spare_)).position;
+      }
+    }
     ++it->second.count;
     return first;
   }
@@ -67,13 +80,15 @@ class BorrowedBlocks {
     auto it = borrowed_.find(storage_id);
     if (it == borrowed_.end()) return std::nullopt;
     Return r = std::move(it->second);
-    borrowed_.erase(it);
+    spare_ = borrowed_.extract(it);
     return r;
   }
   void clear() { borrowed_.clear(); }
 
  private:
-  std::unordered_map<std::uint64_t, Return> borrowed_;  // by our storage id
+  using Map = std::unordered_map<std::uint64_t, Return>;  // by our storage id
+  Map borrowed_;
+  typename Map::node_type spare_;  // the last entry let go of, reused by the next borrow: no allocation
 };
 
 }  // namespace forkpool::detail

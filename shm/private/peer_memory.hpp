@@ -100,6 +100,7 @@ class PeerMemory final : public ReleaseListener, public std::enable_shared_from_
   std::unordered_map<std::uint64_t, PeerSlab> from_peer_;              // by the peer's slab id
   LentBlocks lent_;
   BorrowedBlocks<OverTheConversation> borrowed_;
+  DroppedStorages dropped_scratch_;  // accept_release's, kept for its capacity
   Release due_;
   // due_ is not empty: read without the lock, so that the common call finds nothing cheaply.
   std::atomic<bool> release_pending_{false};
