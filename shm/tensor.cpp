@@ -68,45 +68,63 @@ Tensor Tensor::zeros(std::vector<std::int64_t> shape, DType dtype) {
 
 Tensor Tensor::from_storage(std::shared_ptr<detail::Storage> storage, std::int64_t byte_offset,
                             std::vector<std::int64_t> shape, std::vector<std::int64_t> strides, DType dtype) {
-  auto extent = detail::view_extent(shape, strides, element_size(dtype));
+  return detail::tensor_from_storage(std::move(storage), byte_offset, shape, strides, dtype);
+}
+
+detail::TensorDims::TensorDims(std::span<const std::int64_t> shape, std::span<const std::int64_t> strides)
+    : dims_(shape.size()) {
+  std::int64_t* out = in_place_.data();
+  if (dims_ > kInPlace) {
+    on_heap_.resize(2 * dims_);
+    out = on_heap_.data();
+  }
+  std::copy(shape.begin(), shape.end(), out);
+  std::copy(strides.begin(), strides.end(), out + dims_);
+}
+
+Tensor detail::tensor_from_storage(std::shared_ptr<Storage> storage, std::int64_t byte_offset,
+                                   std::span<const std::int64_t> shape, std::span<const std::int64_t> strides,
+                                   DType dtype) {
+  auto extent = view_extent(shape, strides, element_size(dtype));
   if (!extent || byte_offset < 0 || !storage || static_cast<std::uint64_t>(byte_offset) + *extent > storage->size())
     throw std::invalid_argument("forkpool: the tensor's view does not fit in its storage");
   Tensor t;
   t.storage_ = std::move(storage);
   t.offset_ = byte_offset;
-  t.shape_ = std::move(shape);
-  t.strides_ = std::move(strides);
+  t.dims_ = TensorDims(shape, strides);
   t.dtype_ = dtype;
   return t;
 }
 
 std::int64_t Tensor::numel() const noexcept {
   if (!storage_) return 0;
-  return std::accumulate(shape_.begin(), shape_.end(), std::int64_t{1}, std::multiplies<>());
+  std::span<const std::int64_t> shape = dims_.shape();
+  return std::accumulate(shape.begin(), shape.end(), std::int64_t{1}, std::multiplies<>());
 }
 
 bool Tensor::is_contiguous() const noexcept {
-  // As strides_ == contiguous_strides(shape_), without making the vector (a collate asks it of
+  // As strides() == contiguous_strides(shape()), without making the vector (a collate asks it of
   // every sample).
-  return strides_.size() == shape_.size() &&
-         detail::for_each_row_major_stride(
-             shape_, [&](std::size_t dim, std::int64_t stride) { return strides_[dim] == stride; });
+  std::span<const std::int64_t> strides = dims_.strides();
+  return detail::for_each_row_major_stride(
+      dims_.shape(), [&](std::size_t dim, std::int64_t stride) { return strides[dim] == stride; });
 }
 
 Tensor& Tensor::share_memory_() {
   if (is_shared()) return *this;
-  Tensor copy = empty(shape_, dtype_);
+  std::span<const std::int64_t> shape = dims_.shape(), strides = dims_.strides();
+  Tensor copy = empty({shape.begin(), shape.end()}, dtype_);
   // Copy element by element in index order (the source may be strided).
   std::size_t element = element_size(dtype_);
-  std::vector<std::int64_t> index(shape_.size(), 0);
+  std::vector<std::int64_t> index(shape.size(), 0);
   auto* out = static_cast<std::byte*>(copy.raw_data());
   const auto* in = static_cast<const std::byte*>(raw_data());
   for (std::int64_t n = 0; n < numel(); ++n) {
     std::int64_t source = 0;
-    for (std::size_t d = 0; d < shape_.size(); ++d) source += index[d] * strides_[d];
+    for (std::size_t d = 0; d < shape.size(); ++d) source += index[d] * strides[d];
     std::memcpy(out + n * element, in + source * element, element);
-    for (std::size_t d = shape_.size(); d-- > 0;) {
-      if (++index[d] < shape_[d]) break;
+    for (std::size_t d = shape.size(); d-- > 0;) {
+      if (++index[d] < shape[d]) break;
       index[d] = 0;
     }
   }
@@ -137,16 +155,17 @@ Tensor Tensor::view(std::vector<std::int64_t> shape) const {
 }
 
 Tensor Tensor::slice(int dim, std::int64_t begin, std::int64_t end) const {
-  int ndim = static_cast<int>(shape_.size());
+  std::span<const std::int64_t> strides = dims_.strides();
+  int ndim = static_cast<int>(dims_.size());
   if (dim < 0) dim += ndim;
   if (dim < 0 || dim >= ndim) throw std::out_of_range("forkpool: Tensor::slice: dimension out of range");
-  std::int64_t size = shape_[dim];
+  std::int64_t size = dims_.shape()[dim];
   begin = std::clamp<std::int64_t>(begin < 0 ? begin + size : begin, 0, size);
   end = std::clamp<std::int64_t>(end < 0 ? end + size : end, begin, size);
-  std::vector<std::int64_t> shape = shape_;
+  std::vector<std::int64_t> shape(dims_.shape().begin(), dims_.shape().end());
   shape[dim] = end - begin;
-  auto offset = offset_ + begin * strides_[dim] * static_cast<std::int64_t>(element_size(dtype_));
-  return from_storage(storage_, offset, std::move(shape), strides_, dtype_);
+  auto offset = offset_ + begin * strides[dim] * static_cast<std::int64_t>(element_size(dtype_));
+  return detail::tensor_from_storage(storage_, offset, shape, strides, dtype_);
 }
 
 }  // namespace forkpool

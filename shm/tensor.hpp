@@ -5,6 +5,7 @@
 // Tensors may be copied and dropped on any thread (a Tensor object itself is not synchronized:
 // like std::shared_ptr, one object is not written on two threads at once).
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -19,6 +20,32 @@
 #include <forkpool/shm/internal/storage.hpp>
 
 namespace forkpool {
+
+class Tensor;
+
+namespace detail {
+// A tensor's shape and strides, side by side. Up to four dimensions are held in place: a tensor
+// of the usual few dimensions is made, copied and decoded without an allocation.
+class TensorDims {
+ public:
+  TensorDims() = default;
+  TensorDims(std::span<const std::int64_t> shape, std::span<const std::int64_t> strides);  // of one length
+  std::span<const std::int64_t> shape() const noexcept { return {data(), dims_}; }
+  std::span<const std::int64_t> strides() const noexcept { return {data() + dims_, dims_}; }
+  std::size_t size() const noexcept { return dims_; }
+
+ private:
+  static constexpr std::size_t kInPlace = 4;
+  const std::int64_t* data() const noexcept { return dims_ <= kInPlace ? in_place_.data() : on_heap_.data(); }
+  std::size_t dims_ = 0;
+  std::array<std::int64_t, 2 * kInPlace> in_place_{};
+  std::vector<std::int64_t> on_heap_;  // more than kInPlace dimensions
+};
+
+// As Tensor::from_storage, with the view given as spans (a decoded tensor makes no vectors).
+Tensor tensor_from_storage(std::shared_ptr<Storage> storage, std::int64_t byte_offset,
+                           std::span<const std::int64_t> shape, std::span<const std::int64_t> strides, DType dtype);
+}  // namespace detail
 
 class Tensor {
  public:
@@ -44,12 +71,12 @@ class Tensor {
   static Tensor from_storage(std::shared_ptr<detail::Storage> storage, std::int64_t byte_offset,
                              std::vector<std::int64_t> shape, std::vector<std::int64_t> strides, DType dtype);
 
-  std::span<const std::int64_t> shape() const noexcept { return shape_; }
-  std::span<const std::int64_t> strides() const noexcept { return strides_; }  // in elements
+  std::span<const std::int64_t> shape() const noexcept { return dims_.shape(); }
+  std::span<const std::int64_t> strides() const noexcept { return dims_.strides(); }  // in elements
   DType dtype() const noexcept { return dtype_; }
   std::int64_t numel() const noexcept;
   std::size_t nbytes() const noexcept { return static_cast<std::size_t>(numel()) * element_size(dtype_); }
-  std::int64_t dim() const noexcept { return static_cast<std::int64_t>(shape_.size()); }
+  std::int64_t dim() const noexcept { return static_cast<std::int64_t>(dims_.size()); }
   bool is_contiguous() const noexcept;
 
   // The first element. Throws std::invalid_argument if T does not match dtype().
@@ -75,10 +102,11 @@ class Tensor {
   std::int64_t storage_offset() const noexcept { return offset_; }  // in bytes
 
  private:
+  friend Tensor detail::tensor_from_storage(std::shared_ptr<detail::Storage>, std::int64_t,
+                                            std::span<const std::int64_t>, std::span<const std::int64_t>, DType);
   std::shared_ptr<detail::Storage> storage_;
   std::int64_t offset_ = 0;
-  std::vector<std::int64_t> shape_;
-  std::vector<std::int64_t> strides_;
+  detail::TensorDims dims_;
   DType dtype_ = DType::f32;
 };
 

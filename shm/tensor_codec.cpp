@@ -131,8 +131,8 @@ Tensor codec<Tensor>::decode(Reader& r) {
   detail::TensorView view;
   detail::decode_tensor_view(r, view);
   if (!view.storage) return Tensor();
-  return Tensor::from_storage(std::move(view.storage), view.byte_offset, {view.shape().begin(), view.shape().end()},
-                              {view.strides().begin(), view.strides().end()}, view.dtype);
+  return detail::tensor_from_storage(std::move(view.storage), view.byte_offset, view.shape(), view.strides(),
+                                     view.dtype);
 }
 
 }  // namespace forkpool

@@ -85,6 +85,35 @@ TEST(Tensor, HasShapeStridesAndDtype) {
   EXPECT_EQ(t.data<float>()[23], 0.0f);
 }
 
+// Up to four dimensions are held in the tensor itself, more on the heap: both keep their shape
+// and strides through copies, moves, slices and a channel.
+TEST(Tensor, KeepsItsShapeAndStridesAtEveryRankThroughCopiesMovesAndAChannel) {
+  auto as_vector = [](std::span<const std::int64_t> values) {
+    return std::vector<std::int64_t>(values.begin(), values.end());
+  };
+  for (std::size_t rank = 0; rank <= 7; ++rank) {
+    std::vector<std::int64_t> shape;
+    for (std::size_t d = 0; d < rank; ++d) shape.push_back(static_cast<std::int64_t>(d % 3) + 1);
+    Tensor t = Tensor::zeros(shape, DType::i16);
+    std::vector<std::int64_t> strides = detail::contiguous_strides(shape);
+    Tensor copy = t;
+    Tensor assigned;
+    assigned = copy;
+    Tensor moved = std::move(copy);
+    Tensor received = through_channel(t);
+    for (const Tensor* each : {&t, &assigned, &moved, &received}) {
+      EXPECT_EQ(as_vector(each->shape()), shape) << "rank " << rank;
+      EXPECT_EQ(as_vector(each->strides()), strides) << "rank " << rank;
+      EXPECT_EQ(each->dim(), static_cast<std::int64_t>(rank));
+    }
+    if (rank > 0) {
+      Tensor sliced = t.slice(-1, 0, 1);
+      EXPECT_EQ(sliced.shape().back(), 1) << "rank " << rank;
+      EXPECT_EQ(as_vector(sliced.strides()), strides) << "rank " << rank;
+    }
+  }
+}
+
 TEST(Tensor, DefaultIsEmptyWithoutStorage) {
   Tensor t;
   EXPECT_EQ(t.numel(), 0);

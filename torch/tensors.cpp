@@ -110,8 +110,9 @@ Tensor to_forkpool(const at::Tensor& tensor) {
   if (!is_shared(tensor))
     throw Error("forkpool-torch: to_forkpool needs a tensor in shared memory (share_memory() it)");
   auto element = static_cast<std::int64_t>(tensor.element_size());
-  return Tensor::from_storage(storage_of(tensor), tensor.storage_offset() * element, vector_of(tensor.sizes()),
-                              vector_of(tensor.strides()), dtype_of(tensor.scalar_type()));
+  return forkpool::detail::tensor_from_storage(storage_of(tensor), tensor.storage_offset() * element,
+                                               span_of(tensor.sizes()), span_of(tensor.strides()),
+                                               dtype_of(tensor.scalar_type()));
 }
 
 at::Tensor empty(at::IntArrayRef sizes, const c10::TensorOptions& options) {
