@@ -159,7 +159,15 @@ std::shared_ptr<Storage> Slab::receive_block(std::size_t offset, std::size_t byt
 
 std::shared_ptr<Storage> Slab::make_block(std::size_t offset, std::size_t bytes) {
   std::shared_ptr<Storage> storage = Storage::block(shared_from_this(), offset, bytes);  // keeps the slab mapped
-  live_[offset] = storage;
+  if (auto it = live_.find(offset); it != live_.end()) {
+    it->second = storage;
+  } else if (spare_live_.empty()) {
+    live_.emplace(offset, storage);
+  } else {  // the entry of the last block let go of: no allocation
+    spare_live_.key() = offset;
+    spare_live_.mapped() = storage;
+    live_.insert(std::move(spare_live_));
+  }
   return storage;
 }
 
@@ -169,7 +177,7 @@ void Slab::block_released(std::size_t offset) noexcept {
     std::lock_guard lock(slab_lock());
     auto it = live_.find(offset);
     // Another storage may have been made for the offset since this one's count reached zero.
-    if (it != live_.end() && it->second.expired()) live_.erase(it);
+    if (it != live_.end() && it->second.expired()) spare_live_ = live_.extract(it);
     ours = owned();
   }
   if (ours) SlabAllocator::instance().give_back(*this, offset);

@@ -40,24 +40,29 @@ bool for_each_row_major_stride(std::span<const std::int64_t> shape, Visit visit)
   }
   return true;
 }
-}  // namespace
 
-std::vector<std::int64_t> contiguous_strides(std::span<const std::int64_t> shape) {
-  std::vector<std::int64_t> strides(shape.size());
+// Row-major strides of `shape` into `strides`, one per dimension.
+void write_contiguous_strides(std::span<const std::int64_t> shape, std::span<std::int64_t> strides) {
   for_each_row_major_stride(shape, [&](std::size_t dim, std::int64_t stride) {
     strides[dim] = stride;
     return true;
   });
+}
+}  // namespace
+
+std::vector<std::int64_t> contiguous_strides(std::span<const std::int64_t> shape) {
+  std::vector<std::int64_t> strides(shape.size());
+  write_contiguous_strides(shape, strides);
   return strides;
 }
 
 }  // namespace detail
 
 Tensor Tensor::empty(std::vector<std::int64_t> shape, DType dtype) {
-  std::vector<std::int64_t> strides = detail::contiguous_strides(shape);
-  auto extent = detail::view_extent(shape, strides, element_size(dtype));
+  detail::TensorDims dims = detail::TensorDims::contiguous(shape);
+  auto extent = detail::view_extent(dims.shape(), dims.strides(), element_size(dtype));
   if (!extent) throw std::invalid_argument("forkpool: Tensor shape has a negative or too large size");
-  return from_storage(detail::Storage::allocate(*extent), 0, std::move(shape), std::move(strides), dtype);
+  return detail::tensor_from_storage(detail::Storage::allocate(*extent), 0, dims.shape(), dims.strides(), dtype);
 }
 
 Tensor Tensor::zeros(std::vector<std::int64_t> shape, DType dtype) {
@@ -80,6 +85,12 @@ detail::TensorDims::TensorDims(std::span<const std::int64_t> shape, std::span<co
   }
   std::copy(shape.begin(), shape.end(), out);
   std::copy(strides.begin(), strides.end(), out + dims_);
+}
+
+detail::TensorDims detail::TensorDims::contiguous(std::span<const std::int64_t> shape) {
+  TensorDims dims(shape, shape);
+  write_contiguous_strides(shape, {dims.data() + dims.dims_, dims.dims_});
+  return dims;
 }
 
 Tensor detail::tensor_from_storage(std::shared_ptr<Storage> storage, std::int64_t byte_offset,

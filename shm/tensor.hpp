@@ -30,6 +30,7 @@ class TensorDims {
  public:
   TensorDims() = default;
   TensorDims(std::span<const std::int64_t> shape, std::span<const std::int64_t> strides);  // of one length
+  static TensorDims contiguous(std::span<const std::int64_t> shape);                       // row-major strides
   std::span<const std::int64_t> shape() const noexcept { return {data(), dims_}; }
   std::span<const std::int64_t> strides() const noexcept { return {data() + dims_, dims_}; }
   std::size_t size() const noexcept { return dims_; }
@@ -37,6 +38,7 @@ class TensorDims {
  private:
   static constexpr std::size_t kInPlace = 4;
   const std::int64_t* data() const noexcept { return dims_ <= kInPlace ? in_place_.data() : on_heap_.data(); }
+  std::int64_t* data() noexcept { return dims_ <= kInPlace ? in_place_.data() : on_heap_.data(); }
   std::size_t dims_ = 0;
   std::array<std::int64_t, 2 * kInPlace> in_place_{};
   std::vector<std::int64_t> on_heap_;  // more than kInPlace dimensions

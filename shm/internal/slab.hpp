@@ -96,8 +96,10 @@ class Slab : public std::enable_shared_from_this<Slab> {
   Mapping mapping_;
   dev_t device_ = 0;
   ino_t inode_ = 0;
-  std::unordered_map<std::size_t, std::weak_ptr<Storage>> live_;  // by offset; slab_lock()
-  std::vector<std::weak_ptr<ReleaseListener>> listeners_;         // slab_lock()
+  using LiveBlocks = std::unordered_map<std::size_t, std::weak_ptr<Storage>>;
+  LiveBlocks live_;                   // by offset; slab_lock()
+  LiveBlocks::node_type spare_live_;  // the entry of the last block let go of, for the next; slab_lock()
+  std::vector<std::weak_ptr<ReleaseListener>> listeners_;  // slab_lock()
 
   // The owning allocator's bookkeeping, under slab_lock().
   std::size_t block_bytes_ = 0;      // 0: one block of any size (a slab of its own)
