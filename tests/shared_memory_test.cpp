@@ -550,6 +550,33 @@ TEST(PeerMemory, AMalformedReleaseIsAProtocolErrorAndReleasesNothing) {
   EXPECT_THROW(a->accept_release(good.bytes()), ProtocolError) << "released more often than lent";
 }
 
+// The books reuse the entry of a block that came home for the next one lent: each block is still
+// counted under its own name, however they alternate.
+TEST(PeerMemory, BlocksLentAfterOthersCameHomeAreCountedUnderTheirOwnNames) {
+  auto a = std::make_shared<PeerMemory>();
+  Tensor x = Tensor::empty({4}, DType::f32), y = Tensor::empty({4}, DType::f32);
+  auto lend = [&](const Tensor& t) {
+    OutgoingBlocks blocks;
+    blocks.block_index(t.storage());
+    a->lend(blocks);
+  };
+  auto release = [&](const Tensor& t) {
+    using Numbers = std::vector<std::uint64_t>;
+    Writer w = encode(std::pair(Numbers{t.storage()->slab()->id(), t.storage()->slab_offset(), 1}, Numbers{}));
+    a->accept_release(w.bytes());
+  };
+  for (int round = 0; round < 3; ++round) {
+    lend(x);
+    release(x);  // x's entry is now the spare
+    lend(y);     // made from it
+    lend(x);
+    release(y);
+    EXPECT_THROW(release(y), ProtocolError) << "round " << round << ": y was lent once";
+    release(x);
+    EXPECT_THROW(release(x), ProtocolError) << "round " << round << ": x came home already";
+  }
+}
+
 // A message names each storage once in its table however often its tensors repeat it, both
 // while it scans its few blocks and after it indexes many.
 TEST(PeerMemory, AMessagesTableNamesEachStorageOnceBeforeAndAfterItIndexesThem) {
