@@ -6,16 +6,8 @@ namespace forkpool::detail {
 
 void LentBlocks::lend(const std::shared_ptr<Storage>& storage) {
   std::pair<std::uint64_t, std::uint64_t> key{storage->slab()->id(), storage->slab_offset()};
-  auto it = lent_.lower_bound(key);
-  if (it == lent_.end() || it->first != key) {
-    if (spare_.empty()) {
-      it = lent_.emplace_hint(it, key, Lent{storage, 0});
-    } else {
-      spare_.key() = key;
-      spare_.mapped() = Lent{storage, 0};
-      it = lent_.insert(it, std::move(spare_));
-    }
-  }
+  auto it = lent_.find(key);
+  if (it == lent_.end()) it = insert_reusing(lent_, spare_, key, Lent{storage, 0});
   ++it->second.count;
 }
 

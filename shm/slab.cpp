@@ -16,6 +16,7 @@
 #include <forkpool/runtime/private/process.hpp>
 #include <forkpool/shm/private/inode_key.hpp>
 #include <forkpool/shm/private/slab_allocator.hpp>
+#include <forkpool/shm/private/spare_node.hpp>
 #include <forkpool/shm/internal/storage.hpp>
 
 #ifndef MADV_POPULATE_WRITE
@@ -159,15 +160,10 @@ std::shared_ptr<Storage> Slab::receive_block(std::size_t offset, std::size_t byt
 
 std::shared_ptr<Storage> Slab::make_block(std::size_t offset, std::size_t bytes) {
   std::shared_ptr<Storage> storage = Storage::block(shared_from_this(), offset, bytes);  // keeps the slab mapped
-  if (auto it = live_.find(offset); it != live_.end()) {
+  if (auto it = live_.find(offset); it != live_.end())
     it->second = storage;
-  } else if (spare_live_.empty()) {
-    live_.emplace(offset, storage);
-  } else {  // the entry of the last block let go of: no allocation
-    spare_live_.key() = offset;
-    spare_live_.mapped() = storage;
-    live_.insert(std::move(spare_live_));
-  }
+  else
+    insert_reusing(live_, spare_live_, offset, storage);
   return storage;
 }
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include <forkpool/shm/internal/storage.hpp>
+#include <forkpool/shm/private/spare_node.hpp>
 
 namespace forkpool::detail {
 
@@ -62,16 +63,7 @@ class BorrowedBlocks {
   bool borrow(std::uint64_t storage_id, Home home, std::uint64_t slab, std::uint64_t offset) {
     auto it = borrowed_.find(storage_id);
     bool first = it == borrowed_.end();
-    if (first) {
-      Return entry{std::move(home), slab, offset, 0};
-      if (spare_.empty()) {
-        it = borrowed_.emplace(storage_id, std::move(entry)).first;
-      } else {
-        spare_.key() = storage_id;
-        spare_.mapped() = std::move(entry);
-        it = borrowed_.insert(std::move(spare_)).position;
-      }
-    }
+    if (first) it = insert_reusing(borrowed_, spare_, storage_id, Return{std::move(home), slab, offset, 0});
     ++it->second.count;
     return first;
   }
