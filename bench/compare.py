@@ -260,6 +260,11 @@ if torch_bench:
         if t and f:
             row(f"torch: torch::Tensor round trip, {label}", f"{ns(t) / 1e3:.2f} us",
                 f"{ns(t) / ns(f):.2f}x fp::Tensor's ({ns(f) / 1e3:.2f} us; target <= 1.1)")
+        alternated = torch_bench.get(f"BM_TorchOverFpRoundTrip/{size}/real_time")
+        if alternated:
+            row(f"torch: torch::Tensor round trip, {label}, alternated with fp::Tensor's in one pool",
+                f"{alternated['torch_ns'] / 1e3:.2f} us",
+                f"{alternated['torch_over_fp']:.2f}x fp::Tensor's ({alternated['fp_ns'] / 1e3:.2f} us; target <= 1.1)")
     for size, label in batch_sizes:
         b = torch_bench.get(f"BM_TorchDataLoader/{size}/real_time")
         if not b:

@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <ranges>
 #include <string>
 
@@ -54,6 +55,47 @@ void BM_TorchTensorRoundTrip(benchmark::State& state) {
   state.SetLabel(std::to_string(state.range(0) >> 10) + " KiB " + (torch_tensor ? "torch::Tensor" : "fp::Tensor"));
 }
 BENCHMARK(BM_TorchTensorRoundTrip)->ArgsProduct({{4 << 10, 1 << 20}, {1, 0}})->UseRealTime();
+
+// The same two round trips, alternated in one pool and each timed, so that both have the same
+// worker on the same CPU in the same moment: the ratio BM_TorchTensorRoundTrip's two separate
+// runs give swings with where the scheduler put each run's worker (0.99x to 1.47x seen in one
+// run of both). Which goes first alternates too. Counters: ns per round trip of each, and the ratio.
+void BM_TorchOverFpRoundTrip(benchmark::State& state) {
+  fp::Pool pool({.processes = 1});
+  std::int64_t floats = state.range(0) / 4;
+  at::Tensor t = fp::torch::zeros({floats}, at::kFloat);
+  fp::Tensor f = fp::Tensor::zeros({floats}, fp::DType::f32);
+  using Clock = std::chrono::steady_clock;
+  Clock::duration torch_time{}, fp_time{};
+  auto body = [&]() -> fp::Task<void> {
+    co_await pool.apply_async(touch_ends, t);
+    co_await pool.apply_async(touch_ends_fp, f);
+    bool torch_first = true;
+    for (auto _ : state) {
+      for (int turn = 0; turn < 2; ++turn) {
+        Clock::time_point start = Clock::now();
+        if ((turn == 0) == torch_first) {
+          benchmark::DoNotOptimize((co_await pool.apply_async(touch_ends, t)).data_ptr());
+          torch_time += Clock::now() - start;
+        } else {
+          benchmark::DoNotOptimize((co_await pool.apply_async(touch_ends_fp, f)).raw_data());
+          fp_time += Clock::now() - start;
+        }
+      }
+      torch_first = !torch_first;
+    }
+  };
+  fp::run(body());
+  auto per_trip = [&](Clock::duration d) {
+    return static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count()) /
+           static_cast<double>(std::max<benchmark::IterationCount>(state.iterations(), 1));
+  };
+  state.counters["torch_ns"] = per_trip(torch_time);
+  state.counters["fp_ns"] = per_trip(fp_time);
+  state.counters["torch_over_fp"] = fp_time.count() > 0 ? per_trip(torch_time) / per_trip(fp_time) : 0.0;
+  state.SetLabel(std::to_string(state.range(0) >> 10) + " KiB, alternated in one pool");
+}
+BENCHMARK(BM_TorchOverFpRoundTrip)->Arg(4 << 10)->Arg(1 << 20)->UseRealTime();
 
 // The DataLoader pattern with torch::Tensor batches: 2 workers each build a new float32 batch in
 // shared memory per index (fp::torch::empty, filled), the parent consumes them in order.
