@@ -68,6 +68,17 @@ Writer BlockRelease::encode() const {
   return w;
 }
 
+ReleaseView ReleaseView::read(std::span<const std::byte> payload) {
+  Reader r(payload);
+  ReleaseView view;
+  std::size_t numbers = r.read_count(sizeof(std::uint64_t), "release");
+  if (numbers % 3 != 0) broken("a release of " + std::to_string(numbers) + " numbers");
+  view.blocks_ = r.read_span(numbers * sizeof(std::uint64_t));
+  view.slabs_ = r.read_span(r.read_count(sizeof(std::uint64_t), "release") * sizeof(std::uint64_t));
+  r.expect_end();
+  return view;
+}
+
 void append_release(Writer& w, const BlockRelease& release) {
   std::size_t start = w.buffer().size();
   release.encode_to(w);

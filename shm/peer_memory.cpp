@@ -136,34 +136,22 @@ IncomingBlocks PeerMemory::accept_blocks(std::span<const BlockEntry> table) {
 }
 
 void PeerMemory::accept_release(std::span<const std::byte> payload) {
-  // Read where it lies (as BlockRelease::encode_to wrote it): a release per tensor costs no vectors.
-  Reader r(payload);
-  std::size_t numbers = r.read_count(sizeof(std::uint64_t), "release");
-  if (numbers % 3 != 0) broken("a release of " + std::to_string(numbers) + " numbers");
-  std::span<const std::byte> released = r.read_span(numbers * sizeof(std::uint64_t));
-  std::size_t forgotten_count = r.read_count(sizeof(std::uint64_t), "release");
-  std::span<const std::byte> forgotten = r.read_span(forgotten_count * sizeof(std::uint64_t));
-  r.expect_end();
-  if (numbers == 0 && forgotten_count == 0) return;  // most results: no lock taken
-  auto number = [](std::span<const std::byte> words, std::size_t i) {
-    std::uint64_t value;
-    std::memcpy(&value, words.data() + i * sizeof value, sizeof value);
-    return value;
-  };
+  ReleaseView release = ReleaseView::read(payload);
+  if (release.empty()) return;  // most results: no lock taken
   // Destroyed after the lock is let go (a storage's release calls back into us); the vector is
   // kept for the next release, which this conversation's thread alone reads.
   DroppedStorages dropped_blocks = std::move(dropped_scratch_);
   std::vector<std::shared_ptr<Slab>> dropped_slabs;
   {
     std::lock_guard lock(mutex_);
-    for (std::size_t i = 0; i < numbers; i += 3) {
-      std::uint64_t slab = number(released, i), offset = number(released, i + 1), count = number(released, i + 2);
+    for (std::size_t i = 0; i < release.block_count(); ++i) {
+      auto [slab, offset, count] = release.block(i);
       if (!lent_.came_home(slab, offset, count, dropped_blocks))
         broken("the peer releases block " + std::to_string(offset) + " of slab " + std::to_string(slab) +
                " more often than it was lent");
     }
-    for (std::size_t i = 0; i < forgotten_count; ++i) {
-      auto it = from_peer_.find(number(forgotten, i));
+    for (std::size_t i = 0; i < release.slab_count(); ++i) {
+      auto it = from_peer_.find(release.slab(i));
       if (it == from_peer_.end()) continue;  // a slab we were never told of: nothing to forget
       if (it->second.theirs) {
         peer_name_.erase(it->second.theirs->id());

@@ -8,6 +8,7 @@
 //   and a release may ride at its end: [message][release][u32 its length]
 
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <span>
@@ -83,6 +84,31 @@ struct BlockRelease {
   bool empty() const noexcept { return blocks.empty() && slabs.empty(); }
   void encode_to(Writer& w) const;  // as encode(std::pair(blocks, slabs))
   Writer encode() const;            // a release message's payload
+};
+
+// A release read where it lies, as BlockRelease::encode_to wrote it: reading one costs no
+// vectors (a release per tensor). read() throws ProtocolError when the payload is not one release.
+class ReleaseView {
+ public:
+  struct Block {
+    std::uint64_t slab, offset, count;
+  };
+  static ReleaseView read(std::span<const std::byte> payload);
+  bool empty() const noexcept { return blocks_.empty() && slabs_.empty(); }
+  std::size_t block_count() const noexcept { return blocks_.size() / (3 * sizeof(std::uint64_t)); }
+  Block block(std::size_t i) const noexcept {
+    return {word(blocks_, 3 * i), word(blocks_, 3 * i + 1), word(blocks_, 3 * i + 2)};
+  }
+  std::size_t slab_count() const noexcept { return slabs_.size() / sizeof(std::uint64_t); }
+  std::uint64_t slab(std::size_t i) const noexcept { return word(slabs_, i); }
+
+ private:
+  static std::uint64_t word(std::span<const std::byte> words, std::size_t i) noexcept {
+    std::uint64_t value;
+    std::memcpy(&value, words.data() + i * sizeof value, sizeof value);
+    return value;
+  }
+  std::span<const std::byte> blocks_, slabs_;  // unaligned: read with memcpy
 };
 
 // A release may ride at the end of another message (a worker's result: what its task let go of
