@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -354,18 +355,23 @@ bool is_shared_segment(const std::string& path) {
   return path.rfind("/memfd:", 0) == 0 || path.rfind("/dev/shm/", 0) == 0;
 }
 
-// The inodes of the memfds and /dev/shm files `pid` maps or holds open.
-std::set<ino_t> shared_segments_of(pid_t pid) {
-  std::set<ino_t> found;
+// A memfd or /dev/shm file: its device and inode.
+using Segment = std::pair<dev_t, ino_t>;
+
+// The memfds and /dev/shm files `pid` maps or holds open.
+std::set<Segment> shared_segments_of(pid_t pid) {
+  std::set<Segment> found;
   std::string proc = "/proc/" + std::to_string(pid);
   std::ifstream maps(proc + "/maps");
   for (std::string line; std::getline(maps, line);) {
     std::istringstream fields(line);
-    std::string range, perms, offset, device, path;
+    std::string range, perms, offset, path;
+    unsigned major = 0, minor = 0;
+    char colon;
     ino_t inode = 0;
-    fields >> range >> perms >> offset >> device >> inode;
+    fields >> range >> perms >> offset >> std::hex >> major >> colon >> minor >> std::dec >> inode;
     std::getline(fields >> std::ws, path);
-    if (inode != 0 && is_shared_segment(path)) found.insert(inode);
+    if (inode != 0 && is_shared_segment(path)) found.insert({makedev(major, minor), inode});
   }
   if (DIR* fds = opendir((proc + "/fd").c_str())) {
     while (dirent* entry = readdir(fds)) {
@@ -375,23 +381,30 @@ std::set<ino_t> shared_segments_of(pid_t pid) {
       struct stat file;
       if (length > 0 && is_shared_segment(std::string(target, static_cast<std::size_t>(length))) &&
           stat(fd.c_str(), &file) == 0)
-        found.insert(file.st_ino);
+        found.insert({file.st_dev, file.st_ino});
     }
     closedir(fds);
   }
   return found;
 }
 
+std::string name_of(pid_t pid) {
+  std::ifstream comm("/proc/" + std::to_string(pid) + "/comm");
+  std::string name;
+  std::getline(comm, name);
+  return std::to_string(pid) + " (" + name + ")";
+}
+
 // The processes that still map or hold any of `segments`.
-std::vector<pid_t> holders_of(const std::set<ino_t>& segments) {
-  std::vector<pid_t> holders;
+std::vector<std::string> holders_of(const std::set<Segment>& segments) {
+  std::vector<std::string> holders;
   if (DIR* proc = opendir("/proc")) {
     while (dirent* entry = readdir(proc)) {
       pid_t pid = std::atoi(entry->d_name);
       if (pid <= 0) continue;
-      for (ino_t inode : shared_segments_of(pid))
-        if (segments.contains(inode)) {
-          holders.push_back(pid);
+      for (const Segment& segment : shared_segments_of(pid))
+        if (segments.contains(segment)) {
+          holders.push_back(name_of(pid));
           break;
         }
     }
@@ -438,8 +451,11 @@ TEST_P(SharingStrategies, AParentKilledWithTensorsInFlightLeavesNothingBehind) {
   ASSERT_EQ(read(ready[0], &one, 1), 1);
   close(ready[0]);
   EXPECT_GE(shmem_resident_kib(parent), 256 * 1024) << "the 256 MiB tensor is not in shared memory";
-  std::set<ino_t> segments = shared_segments_of(parent);
-  std::vector<pid_t> holding = holders_of(segments);
+  // Its own, not the slabs of earlier tests it inherited from this process (fork keeps them).
+  std::set<Segment> segments = shared_segments_of(parent);
+  for (const Segment& ours : shared_segments_of(getpid())) segments.erase(ours);
+  ASSERT_FALSE(segments.empty());
+  std::vector<std::string> holding = holders_of(segments);
   EXPECT_GE(holding.size(), 2u) << "its workers do not map what the parent lent them";
   kill(parent, SIGKILL);
   waitpid(parent, nullptr, 0);
