@@ -20,7 +20,6 @@ namespace forkpool::mpi::detail {
 namespace {
 
 using forkpool::detail::ElementRange;
-using forkpool::detail::IncomingBlocks;
 using forkpool::detail::Job;
 using forkpool::detail::JobSink;
 using forkpool::detail::OutgoingBlocks;
@@ -214,9 +213,12 @@ class NodeServer {
 };
 
 void ReplySink::chunk_done(std::size_t, const ElementRange& range, Reader& results) {
-  const auto* incoming = dynamic_cast<const IncomingBlocks*>(results.context());
-  const std::vector<std::shared_ptr<forkpool::detail::Storage>> none;
-  const auto& blocks = incoming ? incoming->storages() : none;
+  // The blocks the results carry, in the order of their table: they go on with them.
+  std::vector<std::shared_ptr<forkpool::detail::Storage>> blocks;
+  if (const auto* carried = forkpool::detail::StorageConversation::of(results.context()))
+    while (std::shared_ptr<forkpool::detail::Storage> block =
+               carried->block_at(static_cast<std::uint32_t>(blocks.size())))
+      blocks.push_back(std::move(block));
   std::vector<std::uint64_t> sizes;
   for (const auto& block : blocks) sizes.push_back(block->size());
   auto bytes = results.read_span(results.remaining());
