@@ -11,11 +11,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -358,20 +361,24 @@ bool is_shared_segment(const std::string& path) {
 // A memfd or /dev/shm file: its device and inode.
 using Segment = std::pair<dev_t, ino_t>;
 
-// The memfds and /dev/shm files `pid` maps or holds open.
-std::set<Segment> shared_segments_of(pid_t pid) {
-  std::set<Segment> found;
+// The memfds and /dev/shm files `pid` maps or holds open, with the bytes of its largest mapping
+// of each (0: only a descriptor).
+std::map<Segment, std::size_t> shared_segments_of(pid_t pid) {
+  std::map<Segment, std::size_t> found;
   std::string proc = "/proc/" + std::to_string(pid);
   std::ifstream maps(proc + "/maps");
   for (std::string line; std::getline(maps, line);) {
     std::istringstream fields(line);
-    std::string range, perms, offset, path;
+    std::uintptr_t begin = 0, end = 0;
+    std::string perms, offset, path;
     unsigned major = 0, minor = 0;
-    char colon;
+    char dash, colon;
     ino_t inode = 0;
-    fields >> range >> perms >> offset >> std::hex >> major >> colon >> minor >> std::dec >> inode;
+    fields >> std::hex >> begin >> dash >> end >> perms >> offset >> major >> colon >> minor >> std::dec >> inode;
     std::getline(fields >> std::ws, path);
-    if (inode != 0 && is_shared_segment(path)) found.insert({makedev(major, minor), inode});
+    if (inode == 0 || !is_shared_segment(path)) continue;
+    std::size_t& bytes = found[{makedev(major, minor), inode}];
+    bytes = std::max<std::size_t>(bytes, end - begin);
   }
   if (DIR* fds = opendir((proc + "/fd").c_str())) {
     while (dirent* entry = readdir(fds)) {
@@ -381,7 +388,7 @@ std::set<Segment> shared_segments_of(pid_t pid) {
       struct stat file;
       if (length > 0 && is_shared_segment(std::string(target, static_cast<std::size_t>(length))) &&
           stat(fd.c_str(), &file) == 0)
-        found.insert({file.st_dev, file.st_ino});
+        found.try_emplace({file.st_dev, file.st_ino}, 0);
     }
     closedir(fds);
   }
@@ -395,18 +402,16 @@ std::string name_of(pid_t pid) {
   return std::to_string(pid) + " (" + name + ")";
 }
 
-// The processes that still map or hold any of `segments`.
-std::vector<std::string> holders_of(const std::set<Segment>& segments) {
-  std::vector<std::string> holders;
+// The processes that still map or hold any of `segments`, with the bytes of the largest mapping
+// of one of them each has.
+std::map<pid_t, std::size_t> holders_of(const std::set<Segment>& segments) {
+  std::map<pid_t, std::size_t> holders;
   if (DIR* proc = opendir("/proc")) {
     while (dirent* entry = readdir(proc)) {
       pid_t pid = std::atoi(entry->d_name);
       if (pid <= 0) continue;
-      for (const Segment& segment : shared_segments_of(pid))
-        if (segments.contains(segment)) {
-          holders.push_back(name_of(pid));
-          break;
-        }
+      for (const auto& [segment, bytes] : shared_segments_of(pid))
+        if (segments.contains(segment)) holders[pid] = std::max(holders[pid], bytes);
     }
     closedir(proc);
   }
@@ -427,7 +432,10 @@ std::vector<std::string> segments_of(pid_t pid) {
 // Measured on the segments themselves, not the machine's Shmem total, which other tests running
 // beside this one move by hundreds of MiB: the memory of a segment no process maps or holds and
 // no name keeps is the kernel's again.
+// The parent's loop runs until the tensor is in its workers' hands: one has mapped it and
+// sleeps holding it, so only the parent's death can end that worker in time.
 TEST_P(SharingStrategies, AParentKilledWithTensorsInFlightLeavesNothingBehind) {
+  constexpr std::size_t kBig = std::size_t{256} << 20;
   SharingStrategy strategy = GetParam();
   int ready[2];
   ASSERT_EQ(pipe(ready), 0);
@@ -435,12 +443,14 @@ TEST_P(SharingStrategies, AParentKilledWithTensorsInFlightLeavesNothingBehind) {
   if (parent == 0) {
     set_sharing_strategy(strategy);
     Pool pool({.processes = 2, .start_method = StartMethod::fork});
-    Tensor big = Tensor::empty({64 << 20}, DType::f32);  // 256 MiB, touched below
+    Tensor big = Tensor::empty({static_cast<std::int64_t>(kBig / sizeof(float))}, DType::f32);
     std::memset(big.raw_data(), 1, big.nbytes());
-    std::vector<AsyncResult<float>> in_flight;
-    for (int i = 0; i < 4; ++i) in_flight.push_back(pool.apply_async(first_element, big));
-    pool.apply_async(sleep_and_hold, Tensor::zeros({1024}, DType::f32));
-    std::this_thread::sleep_for(50ms);
+    std::optional<AsyncResult<float>> held;
+    run([&]() -> Task<void> {
+      for (int i = 0; i < 4; ++i) co_await pool.apply_async(first_element, big);
+      held = pool.apply_async(sleep_and_hold, big);
+      co_await sleep_for(100ms);  // the loop sends it; the worker takes it up
+    }());
     char one = 1;
     (void)!write(ready[1], &one, 1);
     pause();
@@ -450,13 +460,16 @@ TEST_P(SharingStrategies, AParentKilledWithTensorsInFlightLeavesNothingBehind) {
   char one;
   ASSERT_EQ(read(ready[0], &one, 1), 1);
   close(ready[0]);
-  EXPECT_GE(shmem_resident_kib(parent), 256 * 1024) << "the 256 MiB tensor is not in shared memory";
+  EXPECT_GE(shmem_resident_kib(parent), static_cast<long>(kBig >> 10)) << "the tensor is not in shared memory";
   // Its own, not the slabs of earlier tests it inherited from this process (fork keeps them).
-  std::set<Segment> segments = shared_segments_of(parent);
-  for (const Segment& ours : shared_segments_of(getpid())) segments.erase(ours);
-  ASSERT_FALSE(segments.empty());
-  std::vector<std::string> holding = holders_of(segments);
-  EXPECT_GE(holding.size(), 2u) << "its workers do not map what the parent lent them";
+  std::set<Segment> segments;
+  for (const auto& [segment, bytes] : shared_segments_of(parent)) segments.insert(segment);
+  for (const auto& [ours, bytes] : shared_segments_of(getpid())) segments.erase(ours);
+  std::map<pid_t, std::size_t> holding = holders_of(segments);
+  holding.erase(parent);
+  ASSERT_FALSE(holding.empty()) << "its workers map nothing of the parent's";
+  EXPECT_TRUE(std::ranges::any_of(holding, [&](const auto& holder) { return holder.second >= kBig; }))
+      << "no worker maps the tensor it was sent";
   kill(parent, SIGKILL);
   waitpid(parent, nullptr, 0);
   auto deadline = std::chrono::steady_clock::now() + 3s;
@@ -464,7 +477,8 @@ TEST_P(SharingStrategies, AParentKilledWithTensorsInFlightLeavesNothingBehind) {
          std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(10ms);
   EXPECT_TRUE(segments_of(parent).empty()) << segments_of(parent).front();
-  EXPECT_TRUE(holding.empty()) << "process " << holding.front() << " still holds the killed parent's shared memory";
+  EXPECT_TRUE(holding.empty()) << "process " << name_of(holding.begin()->first)
+                               << " still holds the killed parent's shared memory";
 }
 
 TEST(DLPack, RoundTripKeepsDataShapeStridesAndDtype) {
