@@ -237,6 +237,8 @@ void detail::LoopInternals::finish(Loop& loop) {
   while (loop.finishing_.active() > 0 && outstanding(loop) > 0) turn(loop, true);
 }
 
+Loop* detail::LoopInternals::existing() noexcept { return t_loop; }
+
 std::size_t detail::LoopInternals::outstanding(const Loop& loop) noexcept {
   return loop.backend_->outstanding() - (loop.door_->read.state == OpState::idle ? 0 : 1);  // not the door
 }

@@ -5,8 +5,12 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <system_error>
 
+#include <forkpool/runtime/internal/io.hpp>
+#include <forkpool/runtime/loop.hpp>
 #include <forkpool/runtime/private/errno.hpp>
+#include <forkpool/runtime/private/loop_internals.hpp>
 
 namespace forkpool::detail {
 
@@ -17,7 +21,32 @@ int poll_timeout(Deadline deadline) {
   return static_cast<int>(std::clamp<long long>(left, 0, INT_MAX));
 }
 
+namespace {
+
+Task<bool> ready_on_loop(int fd, short events, Deadline deadline, const char* who) {
+  IoOptions options{.deadline = deadline};
+  // Two statements, not a conditional inside co_await: g++ 12 destroys such a temporary early.
+  int rc;
+  if ((events & POLLOUT) != 0)
+    rc = co_await wait_writable(fd, options);
+  else
+    rc = co_await wait_readable(fd, options);
+  if (rc == -ETIMEDOUT) co_return false;
+  if (rc < 0) throw std::system_error(-rc, std::generic_category(), who);
+  co_return true;
+}
+
+}  // namespace
+
 bool wait_for_fd(int fd, short events, Deadline deadline, const char* who) {
+  if (Loop* loop = LoopInternals::existing();
+      loop && !LoopInternals::driving(*loop) && LoopInternals::outstanding(*loop) > 0) {
+    Task<bool> waiting = ready_on_loop(fd, events, deadline, who);
+    LoopInternals::DriveGuard guard(*loop, who);
+    waiting.handle().resume();
+    LoopInternals::drive_until(*loop, [&] { return waiting.handle().done(); });
+    return waiting.handle().promise().take();
+  }
   for (;;) {
     pollfd p{fd, events, 0};
     int ready = poll(&p, 1, poll_timeout(deadline));

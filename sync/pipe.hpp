@@ -58,9 +58,10 @@ class Connection {
     Writer item = detail::encode_item(value);
     end_->channel.send(kValue, 0, item.bytes(), item.fds());
   }
-  // Blocks for the next value. Throws ChannelClosed at the end (see above).
+  // Blocks for the next value. Throws ChannelClosed at the end (see above). While it waits, the
+  // thread's loop runs if it has work (a pool's tasks, one of which may be the sender).
   T recv() {
-    detail::check_connection(*end_, false);
+    detail::connection_poll(*end_, detail::kForever);  // before the lock: the loop may run a recv()
     std::lock_guard turn(end_->receiving);
     detail::Message message = end_->channel.receive();
     return detail::decode_item<T>(message);

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include <forkpool/sync/pipe.hpp>
+#include <forkpool/pool/pool.hpp>
 #include <forkpool/pool/process.hpp>
 #include <forkpool/sync/queue.hpp>
 #include <forkpool/sync/semaphore.hpp>
@@ -578,6 +580,76 @@ void notify_later(Condition condition, Event flag) {
 }
 
 void report_locked(Lock lock, Queue<int> report) { report.put(lock.locked() ? 1 : 0); }
+
+// A blocking wait on a queue, an event or a pipe keeps the thread's pools going, as
+// AsyncResult::get() does: a pool sends each worker its first two jobs at the call and the rest as
+// the loop reads results, so a wait that did not run the loop would stop the very task that is to
+// put the awaited item (Python's Pool feeds its workers from a thread). One worker, ten tasks.
+int put_its_number(Queue<int> queue, int i) {
+  queue.put(i);
+  return i;
+}
+int set_it(Event event, int) {
+  event.set();
+  return 0;
+}
+int send_its_number(Connection<int> out, int i) {
+  out.send(i);
+  return i;
+}
+
+TEST(BlockingWaitTest, ABlockingGetKeepsThePoolGoingUntilEveryTaskHasPutItsItem) {
+  Pool pool({.processes = 1});
+  Queue<int> queue;
+  std::vector<AsyncResult<int>> results;
+  for (int i = 0; i < 10; ++i) results.push_back(pool.apply_async(put_its_number, queue, i));
+  std::set<int> got;
+  for (int i = 0; i < 10; ++i) {
+    std::optional<int> item = queue.get(10s);
+    ASSERT_TRUE(item) << "after " << got.size() << " items nothing came: the tasks behind them never ran";
+    got.insert(*item);
+  }
+  EXPECT_EQ(got.size(), 10u);
+  for (auto& r : results) r.get();
+}
+
+TEST(BlockingWaitTest, ABlockingEventWaitKeepsThePoolGoing) {
+  Pool pool({.processes = 1});
+  Event event;
+  std::vector<AsyncResult<int>> results;
+  for (int i = 0; i < 9; ++i) results.push_back(pool.apply_async(put_its_number, Queue<int>(), i));
+  results.push_back(pool.apply_async(set_it, event, 0));  // tenth: behind the worker's window
+  EXPECT_TRUE(event.wait(10s));
+  for (auto& r : results) r.get();
+}
+
+TEST(BlockingWaitTest, ABlockingRecvKeepsThePoolGoing) {
+  int status = test_support::run_in_child_within(30s, [] {
+    Pool pool({.processes = 1});
+    auto [here, there] = Pipe<int>(false);
+    std::vector<AsyncResult<int>> results;
+    for (int i = 0; i < 10; ++i) results.push_back(pool.apply_async(send_its_number, there, i));
+    int sum = 0;
+    for (int i = 0; i < 10; ++i) sum += here.recv();  // no timeout form: a hang is the child's alarm
+    if (sum != 45) throw std::runtime_error("wrong values");
+    for (auto& r : results) r.get();
+  });
+  ASSERT_TRUE(WIFEXITED(status)) << "recv() stopped the tasks that were to send (killed by signal "
+                                 << (WIFSIGNALED(status) ? WTERMSIG(status) : 0) << ")";
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+// Inside a coroutine on the loop a blocking wait cannot run the loop (it is running): it waits as
+// it always did, for an item that is there or comes from elsewhere.
+TEST(BlockingWaitTest, ABlockingGetInsideACoroutineWaitsWithoutTheLoop) {
+  Queue<int> queue;
+  int got = run([&]() -> Task<int> {
+    co_await sleep_for(1ms);  // a turn of the loop: the coroutine runs inside it from here
+    queue.put(7);
+    co_return queue.get();
+  }());
+  EXPECT_EQ(got, 7);
+}
 
 TEST(LockTest, LockedSaysWhetherAnyProcessHoldsIt) {
   Lock lock;

@@ -19,6 +19,8 @@ struct LoopInternals {
   static void cancel(Loop& loop, Operation* op) { loop.backend_->cancel(op); }
   // True while run(), AsyncResult::get() or run_ready() drives the loop on this thread.
   static bool driving(const Loop& loop) noexcept { return loop.driving_; }
+  // The calling thread's loop if it has one (Loop::current() would make it), else null.
+  static Loop* existing() noexcept;
   // Operations started and not yet completed, not counting the door's read (Loop::post).
   static std::size_t outstanding(const Loop& loop) noexcept;
   // Starts the read that Loop::post's eventfd completes.
