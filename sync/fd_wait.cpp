@@ -41,6 +41,8 @@ Task<bool> ready_on_loop(int fd, short events, Deadline deadline, const char* wh
 bool wait_for_fd(int fd, short events, Deadline deadline, const char* who) {
   if (Loop* loop = LoopInternals::existing();
       loop && !LoopInternals::driving(*loop) && LoopInternals::outstanding(*loop) > 0) {
+    pollfd now{fd, events, 0};
+    if (poll(&now, 1, 0) > 0) return true;  // ready already: no turn of the loop needed
     Task<bool> waiting = ready_on_loop(fd, events, deadline, who);
     LoopInternals::DriveGuard guard(*loop, who);
     waiting.handle().resume();

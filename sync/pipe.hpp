@@ -61,10 +61,15 @@ class Connection {
   // Blocks for the next value. Throws ChannelClosed at the end (see above). While it waits, the
   // thread's loop runs if it has work (a pool's tasks, one of which may be the sender).
   T recv() {
-    detail::connection_poll(*end_, detail::kForever);  // before the lock: the loop may run a recv()
-    std::lock_guard turn(end_->receiving);
-    detail::Message message = end_->channel.receive();
-    return detail::decode_item<T>(message);
+    detail::check_connection(*end_, false);
+    for (;;) {
+      {
+        std::lock_guard turn(end_->receiving);
+        if (std::optional<detail::Message> message = end_->channel.try_receive())
+          return detail::decode_item<T>(*message);
+      }
+      detail::connection_poll(*end_, detail::kForever);  // unlocked: the loop may run a recv()
+    }
   }
   // On the calling thread's loop; resumes inside the turn that received the value.
   Task<T> async_recv() {
