@@ -42,7 +42,8 @@ bool wait_for_fd(int fd, short events, Deadline deadline, const char* who) {
   if (Loop* loop = LoopInternals::existing();
       loop && !LoopInternals::driving(*loop) && LoopInternals::outstanding(*loop) > 0) {
     pollfd now{fd, events, 0};
-    if (poll(&now, 1, 0) > 0) return true;  // ready already: no turn of the loop needed
+    if (poll(&now, 1, 0) > 0) return true;                    // ready already: no turn of the loop needed
+    if (deadline && *deadline <= Clock::now()) return false;  // get_nowait: runs nothing
     Task<bool> waiting = ready_on_loop(fd, events, deadline, who);
     LoopInternals::DriveGuard guard(*loop, who);
     waiting.handle().resume();

@@ -639,6 +639,17 @@ TEST(BlockingWaitTest, ABlockingRecvKeepsThePoolGoing) {
   EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
+TEST(BlockingWaitTest, GetNowaitRunsNothingWhileAGetThatWaitsRunsTheLoop) {
+  Pool pool({.processes = 1});  // the loop has work: a blocking wait would run it
+  Queue<int> queue;
+  bool ran = false;
+  Loop::current().post([&] { ran = true; });  // runs at the loop's next turn
+  EXPECT_FALSE(queue.get_nowait());
+  EXPECT_FALSE(ran) << "get_nowait() ran the loop";
+  EXPECT_FALSE(queue.get(20ms));
+  EXPECT_TRUE(ran) << "a get() that waited did not run the loop";
+}
+
 // Inside a coroutine on the loop a blocking wait cannot run the loop (it is running): it waits as
 // it always did, for an item that is there or comes from elsewhere.
 TEST(BlockingWaitTest, ABlockingGetInsideACoroutineWaitsWithoutTheLoop) {
