@@ -7,6 +7,7 @@
 #include <climits>
 #include <system_error>
 
+#include <forkpool/runtime/internal/blocking_wait.hpp>
 #include <forkpool/runtime/internal/io.hpp>
 #include <forkpool/runtime/loop.hpp>
 #include <forkpool/runtime/private/errno.hpp>
@@ -45,9 +46,8 @@ bool wait_for_fd(int fd, short events, Deadline deadline, const char* who) {
     if (poll(&now, 1, 0) > 0) return true;                    // ready already: no turn of the loop needed
     if (deadline && *deadline <= Clock::now()) return false;  // get_nowait: runs nothing
     Task<bool> waiting = ready_on_loop(fd, events, deadline, who);
-    LoopInternals::DriveGuard guard(*loop, who);
-    waiting.handle().resume();
-    LoopInternals::drive_until(*loop, [&] { return waiting.handle().done(); });
+    waiting.handle().resume();  // its wait is on the loop now; the deadline is the wait's own
+    drive_loop_until([&] { return waiting.handle().done(); }, std::nullopt, who);
     return waiting.handle().promise().take();
   }
   for (;;) {
