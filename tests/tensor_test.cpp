@@ -395,13 +395,6 @@ std::map<Segment, std::size_t> shared_segments_of(pid_t pid) {
   return found;
 }
 
-std::string name_of(pid_t pid) {
-  std::ifstream comm("/proc/" + std::to_string(pid) + "/comm");
-  std::string name;
-  std::getline(comm, name);
-  return std::to_string(pid) + " (" + name + ")";
-}
-
 // The processes that still map or hold any of `segments`, with the bytes of the largest mapping
 // of one of them each has.
 std::map<pid_t, std::size_t> holders_of(const std::set<Segment>& segments) {
@@ -472,13 +465,14 @@ TEST_P(SharingStrategies, AParentKilledWithTensorsInFlightLeavesNothingBehind) {
       << "no worker maps the tensor it was sent";
   kill(parent, SIGKILL);
   waitpid(parent, nullptr, 0);
-  auto deadline = std::chrono::steady_clock::now() + 3s;
-  while ((!segments_of(parent).empty() || !(holding = holders_of(segments)).empty()) &&
-         std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(10ms);
+  test_support::eventually([&] { return segments_of(parent).empty() && holders_of(segments).empty(); });
+  holding = holders_of(segments);
   EXPECT_TRUE(segments_of(parent).empty()) << segments_of(parent).front();
-  EXPECT_TRUE(holding.empty()) << "process " << name_of(holding.begin()->first)
-                               << " still holds the killed parent's shared memory";
+  if (!holding.empty()) {
+    pid_t holder = holding.begin()->first;
+    ADD_FAILURE() << "process " << holder << " (" << test_support::process_name(holder)
+                  << ") still holds the killed parent's shared memory";
+  }
 }
 
 TEST(DLPack, RoundTripKeepsDataShapeStridesAndDtype) {
