@@ -9,7 +9,7 @@
 #include <map>
 #include <stdexcept>
 
-#include <forkpool/sync/private/fd_wait.hpp>
+#include <forkpool/sync/private/waits.hpp>
 #include <forkpool/pool/worker_info.hpp>
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/internal/blocking_wait.hpp>

@@ -46,7 +46,8 @@ int attempt(Operation* op, std::uint32_t revents) {
       std::uint32_t mask = revents & (op->flags | POLLERR | POLLHUP);
       return mask ? static_cast<int>(mask) : -EAGAIN;
     }
-    case OpKind::timeout: return 0;
+    case OpKind::timeout:
+    case OpKind::futex_wait: return 0;  // neither is attempted: start() takes them apart
   }
   return rc < 0 ? -errno : static_cast<int>(rc);
 }
@@ -67,6 +68,7 @@ class EpollBackend final : public Backend {
     note_started();
     switch (op->kind) {
       case OpKind::timeout: add_timer(op); return;
+      case OpKind::futex_wait: complete_soon(op, -EOPNOTSUPP); return;  // epoll cannot watch a futex
       case OpKind::sendmsg:
       case OpKind::recvmsg:
         // Sockets take MSG_DONTWAIT: try at once, wait only if the kernel says so.

@@ -117,6 +117,15 @@ IoAwaitable wait_readable(int fd, IoOptions options) { return IoAwaitable(poll_r
 IoAwaitable wait_writable(int fd, IoOptions options) { return IoAwaitable(poll_request(fd, POLLOUT), options); }
 IoAwaitable wait_process_exit(int pidfd, IoOptions options) { return wait_readable(pidfd, options); }
 
+IoAwaitable wait_futex(const void* word, std::uint32_t expected, IoOptions options) {
+  Operation op = request(detail::OpKind::futex_wait, -1);
+  op.buffer = const_cast<void*>(word);  // the kernel only reads it
+  op.length = expected;
+  return IoAwaitable(op, options);
+}
+
+bool loop_waits_on_futexes() { return LoopInternals::waits_on_futexes(Loop::current()); }
+
 IoAwaitable wait_until(Clock::time_point when, StopRef stop) {
   Operation op = request(detail::OpKind::timeout, -1);
   op.deadline = to_kernel_time(when);

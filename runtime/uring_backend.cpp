@@ -37,6 +37,12 @@ void release_ring(io_uring& ring) {
 #endif
 }
 
+// IORING_OP_FUTEX_WAIT (Linux 6.7) is newer than Debian 12's liburing: its number and the
+// futex2 size flag are the kernel's ABI (include/uapi/linux/io_uring.h, linux/futex.h).
+constexpr unsigned kOpFutexWait = 51;
+constexpr unsigned kFutex2SizeU32 = 0x02;  // shared (no FUTEX2_PRIVATE): other processes wake it
+constexpr std::uint64_t kFutexMatchAnyBit = 0xffffffff;
+
 constexpr std::array kRequiredOps = {IORING_OP_NOP,     IORING_OP_READ,     IORING_OP_WRITE,   IORING_OP_SENDMSG,
                                      IORING_OP_RECVMSG, IORING_OP_POLL_ADD, IORING_OP_TIMEOUT, IORING_OP_ASYNC_CANCEL};
 
@@ -68,6 +74,10 @@ class UringBackend final : public Backend {
 
   void start(Operation* op) override {
     note_started();
+    if (op->kind == OpKind::futex_wait && !futex_wait_supported_) {
+      complete_soon(op, -EOPNOTSUPP);  // an older kernel: as the epoll backend
+      return;
+    }
     if (waiting_.empty()) {
       if (io_uring_sqe* sqe = claim_sqe()) {
         hand_over(sqe, op);
@@ -113,6 +123,7 @@ class UringBackend final : public Backend {
 
   int pollable_fd() const override { return ring_.ring_fd; }
   const char* name() const override { return "io_uring"; }
+  bool waits_on_futexes() const noexcept override { return futex_wait_supported_; }
 
   void abandon() noexcept override {
     // The rings were mapped MADV_DONTFORK: nothing to unmap here, only our copy of the fd.
@@ -159,6 +170,12 @@ class UringBackend final : public Backend {
       case OpKind::recvmsg: io_uring_prep_recvmsg(sqe, op->fd, op->message, op->flags); break;
       case OpKind::poll: io_uring_prep_poll_add(sqe, op->fd, op->flags); break;
       case OpKind::timeout: io_uring_prep_timeout(sqe, &op->deadline, 0, IORING_TIMEOUT_ABS); break;
+      case OpKind::futex_wait:
+        // liburing's io_uring_prep_futex_wait: flags in fd, the value in off, the mask in addr3.
+        io_uring_prep_rw(static_cast<int>(kOpFutexWait), sqe, static_cast<int>(kFutex2SizeU32), op->buffer, 0,
+                         op->length);
+        sqe->addr3 = kFutexMatchAnyBit;
+        break;
     }
     io_uring_sqe_set_data(sqe, op);
   }
@@ -197,6 +214,7 @@ class UringBackend final : public Backend {
   OpList waiting_;
   OpList cancels_;
   bool abandoned_ = false;
+  bool futex_wait_supported_ = false;
 };
 
 std::string UringBackend::init(unsigned entries) {
@@ -209,6 +227,7 @@ std::string UringBackend::init(unsigned entries) {
   std::string missing;
   for (auto opcode : kRequiredOps)
     if (!probe || !io_uring_opcode_supported(probe, opcode)) missing += " " + std::to_string(opcode);
+  futex_wait_supported_ = probe && io_uring_opcode_supported(probe, static_cast<int>(kOpFutexWait));
   if (probe) io_uring_free_probe(probe);
   if (!missing.empty()) return "io_uring lacks opcodes:" + missing;
   // A forked child must never touch its parent's ring.

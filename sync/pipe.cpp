@@ -6,7 +6,7 @@
 #include <cerrno>
 #include <stdexcept>
 
-#include <forkpool/sync/private/fd_wait.hpp>
+#include <forkpool/sync/private/waits.hpp>
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/private/errno.hpp>
 

@@ -13,7 +13,7 @@
 #include <string>
 #include <system_error>
 
-#include <forkpool/sync/private/fd_wait.hpp>
+#include <forkpool/sync/private/waits.hpp>
 #include <forkpool/sync/private/holders.hpp>
 #include <forkpool/shm/private/queue_memory.hpp>
 #include <forkpool/sync/private/shared_page.hpp>
@@ -230,7 +230,7 @@ bool QueueCore::join_tasks(Deadline deadline) {
     auto now = std::chrono::steady_clock::now();
     if (deadline && now >= *deadline) return false;
     auto slice = deadline ? std::min<std::chrono::nanoseconds>(kEndedHolderCheck, *deadline - now) : kEndedHolderCheck;
-    futex_wait_for(&state.unfinished, unfinished, slice);
+    wait_for_word(&state.unfinished, unfinished, slice, "forkpool: JoinableQueue::join");
     if (state.unfinished.load() != 0) settle_ended_consumers();
   }
 }

@@ -8,7 +8,7 @@
 #include <climits>
 #include <stdexcept>
 
-#include <forkpool/sync/private/fd_wait.hpp>
+#include <forkpool/sync/private/waits.hpp>
 #include <forkpool/sync/private/holders.hpp>
 #include <forkpool/sync/private/shared_page.hpp>
 #include <forkpool/runtime/loop.hpp>
@@ -65,7 +65,7 @@ bool acquire_until(SemaphoreState& state, detail::Deadline deadline) {
     }
     auto slice = deadline ? std::min<std::chrono::nanoseconds>(detail::kEndedHolderCheck, *deadline - now)
                           : detail::kEndedHolderCheck;
-    detail::futex_wait_for(&state.value, 0, slice);
+    detail::wait_for_word(&state.value, 0, slice, "forkpool: Semaphore::acquire");
     if (state.value.load() <= 0) give_back_ended(state);
   }
 }
@@ -95,10 +95,10 @@ bool Semaphore::try_acquire() { return acquire(0ns); }
 Task<void> Semaphore::async_acquire() {
   std::shared_ptr<detail::SharedPage> page = page_;  // this handle may go first
   SemaphoreState& state = state_of(*page);
-  for (auto pause = std::chrono::milliseconds(1);; pause = std::min(pause * 2, std::chrono::milliseconds(50))) {
-    if (take_unit(state)) co_return;
-    if (pause == std::chrono::milliseconds(50)) give_back_ended(state);
-    co_await sleep_for(pause);
+  while (!take_unit(state)) {
+    co_await detail::word_changed(&state.value, 0, detail::deadline_after(detail::kEndedHolderCheck),
+                                  "forkpool: Semaphore::async_acquire");
+    if (state.value.load() <= 0) give_back_ended(state);
   }
 }
 

@@ -8,9 +8,9 @@
 //   Semaphore slots(2);              // at most two processes in the section at once
 //   slots.acquire();  ...  slots.release();
 //
-// Blocking waits sleep on a futex, looking every 100 ms for holders that ended; async_acquire()
-// looks again after pauses that grow from 1 ms to 50 ms (no futex wait on the loop): it suits
-// waits of milliseconds and more.
+// Waits sleep on a futex, looking every 100 ms for holders that ended; async_acquire() sleeps on
+// it through the loop (io_uring on Linux 6.7 and later; elsewhere the loop looks at it after
+// pauses that grow from 50 µs to 10 ms).
 
 #include <chrono>
 #include <cstdint>

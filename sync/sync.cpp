@@ -15,7 +15,7 @@
 #include <string>
 #include <system_error>
 
-#include <forkpool/sync/private/fd_wait.hpp>
+#include <forkpool/sync/private/waits.hpp>
 #include <forkpool/sync/private/holders.hpp>
 #include <forkpool/sync/private/shared_page.hpp>
 #include <forkpool/runtime/private/errno.hpp>
@@ -156,7 +156,7 @@ bool Condition::wait_for(std::unique_lock<Lock>& held, std::chrono::nanoseconds 
   while (sequence.load() == seen) {
     auto left = deadline - std::chrono::steady_clock::now();
     if (left <= 0ns) break;
-    detail::futex_wait_for(&sequence, seen, std::min<std::chrono::nanoseconds>(left, 1h));
+    detail::wait_for_word(&sequence, seen, std::min<std::chrono::nanoseconds>(left, 1h), "forkpool: Condition::wait");
   }
   held.lock();
   return sequence.load() != seen;
@@ -169,7 +169,8 @@ Task<void> Condition::async_wait(std::unique_lock<Lock>& held) {
   std::uint32_t seen = sequence.load();
   Lock* lock = held.release();
   lock->unlock();
-  for (auto pause = 1ms; sequence.load() == seen; pause = std::min(pause * 2, 50ms)) co_await sleep_for(pause);
+  while (sequence.load() == seen)
+    co_await detail::word_changed(&sequence, seen, detail::deadline_after(1h), "forkpool: Condition::async_wait");
   co_await lock->async_lock();
   held = std::unique_lock<Lock>(*lock, std::adopt_lock);
 }
@@ -289,8 +290,9 @@ int Barrier::wait(std::chrono::nanoseconds timeout) {
   if (arrival.last) return arrival.index;
   for (;;) {
     auto left = std::max<std::chrono::nanoseconds>(deadline - std::chrono::steady_clock::now(), 0ns);
-    detail::futex_wait_for(&state.generation, arrival.generation,
-                           std::min<std::chrono::nanoseconds>(left, detail::kEndedHolderCheck));
+    detail::wait_for_word(&state.generation, arrival.generation,
+                          std::min<std::chrono::nanoseconds>(left, detail::kEndedHolderCheck),
+                          "forkpool: Barrier::wait");
     bool slice_ended = state.generation.load() == arrival.generation;  // nobody woke us: look for the dead
     if (std::optional<int> index = round_over(arrival, deadline, slice_ended)) return *index;
   }
@@ -301,9 +303,12 @@ Task<int> Barrier::async_wait() {
   Arrival arrival = self.arrive();
   if (arrival.last) co_return arrival.index;
   auto never = std::chrono::steady_clock::time_point::max();
-  for (auto pause = 1ms;; pause = std::min(pause * 2, 50ms)) {
-    co_await sleep_for(pause);
-    if (std::optional<int> index = self.round_over(arrival, never, pause == 50ms)) co_return *index;
+  BarrierState& state = *self.page_->as<BarrierState>();
+  for (;;) {
+    co_await detail::word_changed(&state.generation, arrival.generation,
+                                  detail::deadline_after(detail::kEndedHolderCheck), "forkpool: Barrier::async_wait");
+    bool slice_ended = state.generation.load() == arrival.generation;  // nobody woke us: look for the dead
+    if (std::optional<int> index = self.round_over(arrival, never, slice_ended)) co_return *index;
   }
 }
 

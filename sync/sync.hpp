@@ -125,8 +125,9 @@ class Condition {
     }
     return true;
   }
-  // On the calling thread's loop: as wait(), looking for a notify after pauses that grow from
-  // 1 ms to 50 ms; `held` must stay alive until it completes.
+  // On the calling thread's loop: as wait(), resuming there when notified (the loop sleeps on the
+  // futex; without io_uring's futex wait it looks after pauses growing from 50 µs to 10 ms);
+  // `held` must stay alive until it completes.
   Task<void> async_wait(std::unique_lock<Lock>& held);
   void notify(int n = 1);
   void notify_all();
@@ -159,8 +160,8 @@ class Barrier {
   // BrokenBarrierError when the barrier is or becomes broken while waiting; a wait that times out
   // breaks it (as Python's).
   int wait(std::chrono::nanoseconds timeout = detail::kForever);
-  // On the calling thread's loop: as wait(), looking for the round's end after pauses that grow
-  // from 1 ms to 50 ms.
+  // On the calling thread's loop: as wait(), resuming there when the round ends (the loop sleeps
+  // on the futex; without io_uring's futex wait it looks after pauses growing from 50 µs to 10 ms).
   Task<int> async_wait();
   // Breaks the barrier: waiting parties and later waits throw BrokenBarrierError until reset().
   void abort();

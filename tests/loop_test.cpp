@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
+#include <linux/futex.h>
 #include <sys/epoll.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -171,6 +173,70 @@ TEST(Loop, ProcessExitIsSeenThroughAPidfd) {
   int status = 0;
   ASSERT_EQ(waitpid(pid, &status, WNOHANG), pid);
   EXPECT_EQ(WEXITSTATUS(status), 7);
+}
+
+// A futex word in memory another process maps, as the sync primitives keep theirs.
+struct SharedWord {
+  std::uint32_t* word =
+      static_cast<std::uint32_t*>(mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  ~SharedWord() { munmap(word, 4096); }
+};
+
+int futex_wait_on_loop(std::uint32_t* word, std::uint32_t expected, detail::IoOptions options = {}) {
+  return run([&]() -> Task<int> { co_return co_await detail::wait_futex(word, expected, options); }());
+}
+
+TEST(Loop, AFutexWaitEndsWhenAnotherProcessWakesTheWord) {
+  if (!detail::loop_waits_on_futexes()) GTEST_SKIP() << "this loop cannot wait on a futex (epoll, or Linux < 6.7)";
+  SharedWord shared;
+  ASSERT_NE(shared.word, MAP_FAILED);
+  pid_t pid = fork();
+  if (pid == 0) {
+    usleep(50'000);  // the parent is asleep on the word by now
+    __atomic_store_n(shared.word, 1, __ATOMIC_RELEASE);
+    syscall(SYS_futex, shared.word, FUTEX_WAKE, 1, nullptr, nullptr, 0);
+    _exit(0);
+  }
+  auto started = std::chrono::steady_clock::now();
+  int rc = futex_wait_on_loop(shared.word, 0, {.deadline = detail::deadline_after(10s)});
+  waitpid(pid, nullptr, 0);
+  EXPECT_TRUE(rc == 0 || rc == -EAGAIN) << rc;  // -EAGAIN: the store came before the wait
+  EXPECT_EQ(*shared.word, 1u);
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 5s);
+}
+
+TEST(Loop, AFutexWaitOnAWordThatChangedEndsAtOnce) {
+  if (!detail::loop_waits_on_futexes()) GTEST_SKIP() << "this loop cannot wait on a futex (epoll, or Linux < 6.7)";
+  SharedWord shared;
+  *shared.word = 3;
+  EXPECT_EQ(futex_wait_on_loop(shared.word, 0, {.deadline = detail::deadline_after(10s)}), -EAGAIN);
+}
+
+TEST(Loop, AFutexWaitNobodyWakesEndsAtItsDeadlineOrStop) {
+  if (!detail::loop_waits_on_futexes()) GTEST_SKIP() << "this loop cannot wait on a futex (epoll, or Linux < 6.7)";
+  SharedWord shared;
+  EXPECT_EQ(futex_wait_on_loop(shared.word, 0, {.deadline = detail::deadline_after(20ms)}), -ETIMEDOUT);
+  std::stop_source source;
+  int rc = run([&]() -> Task<int> {
+    auto stopper = [&]() -> Task<int> {
+      co_await sleep_for(20ms);
+      source.request_stop();
+      co_return 0;
+    };
+    auto waiter = [&]() -> Task<int> {
+      co_return co_await detail::wait_futex(shared.word, 0, {.stop = source.get_token()});
+    };
+    auto [waited, stopped] = co_await when_all(waiter(), stopper());
+    (void)stopped;
+    co_return waited;
+  }());
+  EXPECT_EQ(rc, -ECANCELED);
+}
+
+TEST(Loop, AFutexWaitOnALoopThatCannotSaysSo) {
+  if (detail::loop_waits_on_futexes()) GTEST_SKIP() << "this loop waits on futexes";
+  SharedWord shared;
+  EXPECT_EQ(futex_wait_on_loop(shared.word, 0), -EOPNOTSUPP);
 }
 
 // A host that ignores SIGCHLD: the kernel reaps a child the moment it exits, before we look.

@@ -652,6 +652,79 @@ TEST(BlockingWaitTest, GetNowaitRunsNothingWhileAGetThatWaitsRunsTheLoop) {
 
 // Inside a coroutine on the loop a blocking wait cannot run the loop (it is running): it waits as
 // it always did, for an item that is there or comes from elsewhere.
+// The futex-based waits keep the pool going too: the tenth task (behind the one worker's
+// window) gives a unit back, notifies, arrives or finishes what the waiting call waits for.
+int release_a_unit(Semaphore semaphore, int) {
+  semaphore.release();
+  return 0;
+}
+int notify_it(Condition condition, Event flag) {
+  std::unique_lock held(condition.get_lock());
+  flag.set();
+  condition.notify_all();
+  return 0;
+}
+int arrive_at(Barrier barrier, int) { return barrier.wait(10s); }
+int finish_an_item(JoinableQueue<int> queue, int) {
+  std::optional<int> item = queue.get(10s);
+  if (item) queue.task_done();
+  return item.value_or(-1);
+}
+
+// Nine tasks that hold the worker's window before the one that matters.
+std::vector<AsyncResult<int>> nine_tasks_first(Pool& pool) {
+  std::vector<AsyncResult<int>> results;
+  for (int i = 0; i < 9; ++i) results.push_back(pool.apply_async(put_its_number, Queue<int>(), i));
+  return results;
+}
+
+TEST(BlockingWaitTest, ABlockingSemaphoreAcquireKeepsThePoolGoing) {
+  Pool pool({.processes = 1});
+  Semaphore semaphore(0);
+  std::vector<AsyncResult<int>> results = nine_tasks_first(pool);
+  results.push_back(pool.apply_async(release_a_unit, semaphore, 0));
+  EXPECT_TRUE(semaphore.acquire(10s)) << "the task that releases the unit never ran";
+  for (auto& r : results) r.get();
+}
+
+TEST(BlockingWaitTest, ABlockingConditionWaitKeepsThePoolGoing) {
+  Pool pool({.processes = 1});
+  Condition condition;
+  Event flag;
+  std::unique_lock held(condition.get_lock());
+  std::vector<AsyncResult<int>> results = nine_tasks_first(pool);
+  results.push_back(pool.apply_async(notify_it, condition, flag));
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (!flag.is_set() && std::chrono::steady_clock::now() < deadline) condition.wait_for(held, 1s);
+  EXPECT_TRUE(flag.is_set()) << "the task that notifies never ran";
+  held.unlock();
+  for (auto& r : results) r.get();
+}
+
+TEST(BlockingWaitTest, ABlockingBarrierWaitKeepsThePoolGoing) {
+  Pool pool({.processes = 1});
+  Barrier barrier(2);
+  std::vector<AsyncResult<int>> results = nine_tasks_first(pool);
+  results.push_back(pool.apply_async(arrive_at, barrier, 0));
+  int mine = -1;
+  EXPECT_NO_THROW(mine = barrier.wait(10s)) << "the task that arrives never ran";
+  int theirs = results.back().get();
+  EXPECT_EQ(mine + theirs, 1);  // indices 0 and 1
+  for (auto& r : results) r.get();
+}
+
+TEST(BlockingWaitTest, ABlockingJoinKeepsThePoolGoingUntilEveryItemIsDone) {
+  Pool pool({.processes = 1});
+  JoinableQueue<int> queue;
+  std::vector<AsyncResult<int>> results;
+  for (int i = 0; i < 10; ++i) {
+    queue.put(i);
+    results.push_back(pool.apply_async(finish_an_item, queue, i));
+  }
+  EXPECT_TRUE(queue.join(10s)) << "the tasks behind the first two never ran";
+  for (auto& r : results) EXPECT_GE(r.get(), 0);
+}
+
 TEST(BlockingWaitTest, ABlockingGetInsideACoroutineWaitsWithoutTheLoop) {
   Queue<int> queue;
   int got = run([&]() -> Task<int> {

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <coroutine>
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <span>
 #include <stop_token>
@@ -81,6 +82,13 @@ IoAwaitable wait_readable(int fd, IoOptions options = {});
 IoAwaitable wait_writable(int fd, IoOptions options = {});
 // Completes when the process behind `pidfd` has exited (it is then ready to be reaped).
 IoAwaitable wait_process_exit(int pidfd, IoOptions options = {});
+// Completes with 0 when another process (or thread) wakes the 32-bit futex word `word`
+// (FUTEX_WAKE, not private), or -EAGAIN at once when `*word != expected`. Spurious wake-ups
+// happen: look at the word again. Where the loop cannot wait on a futex (the epoll backend,
+// Linux before 6.7: loop_waits_on_futexes() is false) it completes with -EOPNOTSUPP.
+IoAwaitable wait_futex(const void* word, std::uint32_t expected, IoOptions options = {});
+// Whether the calling thread's loop takes wait_futex.
+bool loop_waits_on_futexes();
 // Completes with 0 at `when` (or -ECANCELED when stopped first).
 IoAwaitable wait_until(Clock::time_point when, StopRef stop = {});
 

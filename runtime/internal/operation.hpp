@@ -11,7 +11,7 @@
 
 namespace forkpool::detail {
 
-enum class OpKind : std::uint8_t { read, write, sendmsg, recvmsg, poll, timeout };
+enum class OpKind : std::uint8_t { read, write, sendmsg, recvmsg, poll, timeout, futex_wait };
 
 // Where an operation is: a backend moves it idle -> queued -> in_kernel -> idle, and
 // completes it exactly once. Cancelling an idle operation does nothing.
@@ -25,8 +25,8 @@ struct Operation {
   bool cancel_requested = false;
   int fd = -1;
   unsigned flags = 0;            // sendmsg/recvmsg flags, or poll events
-  void* buffer = nullptr;        // read/write
-  std::size_t length = 0;        // read/write
+  void* buffer = nullptr;        // read/write; futex_wait: the 32-bit futex word
+  std::size_t length = 0;        // read/write; futex_wait: the value the word must hold to sleep
   msghdr* message = nullptr;     // sendmsg/recvmsg
   __kernel_timespec deadline{};  // timeout: absolute CLOCK_MONOTONIC
   int result = 0;

@@ -25,6 +25,9 @@ class Backend {
   // Readable when reap() has something to deliver.
   virtual int pollable_fd() const = 0;
   virtual const char* name() const = 0;
+  // Whether start() takes OpKind::futex_wait (io_uring on Linux 6.7 and later); where it does
+  // not, such an operation completes with -EOPNOTSUPP.
+  virtual bool waits_on_futexes() const noexcept { return false; }
   // In a forked child: drop the parent's kernel objects without touching them.
   virtual void abandon() noexcept = 0;
 

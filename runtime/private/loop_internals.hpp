@@ -17,6 +17,8 @@ struct LoopInternals {
   static void start(Loop& loop, Operation* op);
   // Asks `op` to complete early with -ECANCELED.
   static void cancel(Loop& loop, Operation* op) { loop.backend_->cancel(op); }
+  // Whether the loop's kernel interface can wait on a futex word (OpKind::futex_wait).
+  static bool waits_on_futexes(const Loop& loop) noexcept { return loop.backend_->waits_on_futexes(); }
   // True while run(), AsyncResult::get() or run_ready() drives the loop on this thread.
   static bool driving(const Loop& loop) noexcept { return loop.driving_; }
   // The calling thread's loop if it has one (Loop::current() would make it), else null.
