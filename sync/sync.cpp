@@ -84,6 +84,21 @@ namespace {
 struct LockState {
   pthread_mutex_t mutex;
 };
+
+// glibc's robust mutex keeps its holder's thread id in its futex word, with FUTEX_WAITERS set
+// while someone may sleep on it (the holder's unlock then wakes one sleeper).
+int& futex_word_of(detail::SharedPage& page) { return page.as<LockState>()->mutex.__data.__lock; }
+constexpr int kWaiters = static_cast<int>(FUTEX_WAITERS);
+
+// The value to sleep on while another holds the lock, marked FUTEX_WAITERS so that its unlock
+// wakes us; 0 when nobody holds it (try to take it again).
+std::uint32_t value_to_sleep_on(int& word) {
+  std::atomic_ref<int> shared(word);
+  int seen = shared.load();
+  while ((seen & FUTEX_TID_MASK) != 0 && (seen & kWaiters) == 0)
+    if (shared.compare_exchange_weak(seen, seen | kWaiters)) return static_cast<std::uint32_t>(seen | kWaiters);
+  return (seen & FUTEX_TID_MASK) != 0 ? static_cast<std::uint32_t>(seen) : 0;
+}
 }  // namespace
 
 Lock::Lock() : page_(detail::SharedPage::create("forkpool-lock")) {
@@ -101,10 +116,18 @@ bool Lock::took(int result) {
   return taken;
 }
 
-void Lock::lock() { took(pthread_mutex_lock(&page_->as<LockState>()->mutex)); }
+void Lock::lock() {
+  if (detail::wait_drives_loop())
+    detail::drive_until_done(lock_on_loop(std::nullopt), "forkpool: Lock::lock");
+  else
+    took(pthread_mutex_lock(&page_->as<LockState>()->mutex));
+}
+
 bool Lock::try_lock() { return took(pthread_mutex_trylock(&page_->as<LockState>()->mutex)); }
 
 bool Lock::try_lock_for(std::chrono::nanoseconds timeout) {
+  if (detail::wait_drives_loop() && timeout > 0ns)
+    return detail::drive_until_done(lock_on_loop(detail::deadline_after(timeout)), "forkpool: Lock::try_lock_for");
   // pthread's timed lock takes a CLOCK_REALTIME deadline; the _clock form, the steady one's.
   __kernel_timespec when = detail::to_kernel_time(detail::deadline_after(timeout));  // saturates: "for ever"
   timespec deadline{static_cast<time_t>(when.tv_sec), static_cast<long>(when.tv_nsec)};
@@ -119,9 +142,26 @@ bool Lock::locked() const noexcept {
   return (std::atomic_ref<int>(word).load() & FUTEX_TID_MASK) != 0;
 }
 
-Task<void> Lock::async_lock() {
-  for (auto pause = 1ms; !try_lock(); pause = std::min(pause * 2, 50ms)) co_await sleep_for(pause);
+// glibc's own wait, with the sleep on the loop: mark the word, sleep while it holds that value,
+// try again.
+Task<bool> Lock::lock_on_loop(detail::Deadline deadline) {
+  int& word = futex_word_of(*page_);
+  bool slept = false;
+  while (!try_lock()) {
+    if (deadline && std::chrono::steady_clock::now() >= *deadline) co_return false;
+    std::uint32_t seen = value_to_sleep_on(word);
+    if (seen == 0) continue;  // unlocked meanwhile
+    slept = true;
+    auto slice_end = std::min(deadline.value_or(detail::Clock::time_point::max()), detail::deadline_after(1h));
+    co_await detail::word_changed(&word, seen, slice_end, "forkpool: Lock::lock");
+  }
+  // Others may sleep on it too, and took their mark off with ours: this holder's unlock must wake
+  // one (glibc's lock does the same after a sleep).
+  if (slept) std::atomic_ref<int>(word).fetch_or(kWaiters);
+  co_return true;
 }
+
+Task<void> Lock::async_lock() { co_await lock_on_loop(std::nullopt); }
 
 void Lock::unlock() {
   if (int rc = pthread_mutex_unlock(&page_->as<LockState>()->mutex); rc != 0)

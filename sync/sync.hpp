@@ -54,8 +54,9 @@ class Lock {
   bool try_lock();
   // As lock(), but gives up after `timeout`: false, not held.
   bool try_lock_for(std::chrono::nanoseconds timeout);
-  // On the calling thread's loop (whose thread then holds it): tries again after pauses that
-  // grow from 1 ms to 50 ms, for waits of milliseconds and more. This handle must outlive it.
+  // On the calling thread's loop (whose thread then holds it), resuming there when the holder
+  // unlocks (the loop sleeps on the mutex's futex; without io_uring's futex wait it looks after
+  // pauses growing from 50 µs to 10 ms). This handle must outlive it.
   Task<void> async_lock();
   void unlock();
   // Whether some thread of some process holds it now (a holder that died does not), as
@@ -73,6 +74,8 @@ class Lock {
   explicit Lock(Recursive);
   explicit Lock(std::shared_ptr<detail::SharedPage> page) : page_(std::move(page)) {}
   bool took(int result);
+  // async_lock(), and lock()/try_lock_for() while they keep the thread's loop going.
+  Task<bool> lock_on_loop(detail::Deadline deadline);
   std::shared_ptr<detail::SharedPage> page_;
   bool previous_owner_died_ = false;
 };

@@ -25,22 +25,6 @@ int poll_timeout(Deadline deadline) {
 
 namespace {
 
-// The calling thread's loop when a blocking wait must drive it: it exists, has work in flight,
-// and nothing (run(), get(), a coroutine of its own) drives it already.
-Loop* loop_to_drive() noexcept {
-  Loop* loop = LoopInternals::existing();
-  if (loop && !LoopInternals::driving(*loop) && LoopInternals::outstanding(*loop) > 0) return loop;
-  return nullptr;
-}
-
-// Starts `waiting` (its first wait goes on the loop) and drives the loop until it has ended.
-template <class T>
-T drive_until_done(Task<T> waiting, const char* who) {
-  waiting.handle().resume();
-  drive_loop_until([&] { return waiting.handle().done(); }, std::nullopt, who);
-  return waiting.handle().promise().take();
-}
-
 Task<bool> ready_on_loop(int fd, short events, Deadline deadline, const char* who) {
   IoOptions options{.deadline = deadline};
   // Two statements, not a conditional inside co_await: g++ 12 destroys such a temporary early.
@@ -60,6 +44,11 @@ std::uint32_t load_word(const void* word) noexcept {
 
 }  // namespace
 
+bool wait_drives_loop() noexcept {
+  Loop* loop = LoopInternals::existing();
+  return loop && !LoopInternals::driving(*loop) && LoopInternals::outstanding(*loop) > 0;
+}
+
 Task<void> word_changed(const void* word, std::uint32_t expected, Clock::time_point deadline, const char* who) {
   if (loop_waits_on_futexes()) {
     int rc = co_await wait_futex(word, expected, IoOptions{.deadline = deadline});
@@ -75,13 +64,13 @@ Task<void> word_changed(const void* word, std::uint32_t expected, Clock::time_po
 
 void wait_for_word(const void* word, std::uint32_t expected, std::chrono::nanoseconds slice, const char* who) {
   if (slice <= std::chrono::nanoseconds::zero()) return;  // a wait that may not wait runs nothing
-  if (loop_to_drive() && load_word(word) == expected)
+  if (wait_drives_loop() && load_word(word) == expected)
     return drive_until_done(word_changed(word, expected, deadline_after(slice), who), who);
   futex_wait_for(word, expected, slice);
 }
 
 bool wait_for_fd(int fd, short events, Deadline deadline, const char* who) {
-  if (loop_to_drive()) {
+  if (wait_drives_loop()) {
     pollfd now{fd, events, 0};
     if (poll(&now, 1, 0) > 0) return true;                    // ready already: no turn of the loop needed
     if (deadline && *deadline <= Clock::now()) return false;  // get_nowait: runs nothing

@@ -29,6 +29,7 @@
 #include <forkpool/sync/sync.hpp>
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/loop.hpp>
+#include <forkpool/runtime/when_all.hpp>
 #include <forkpool/shm/named_memory.hpp>
 #include <forkpool/shm/tensor.hpp>
 #include <forkpool/shm/tensor_codec.hpp>
@@ -725,6 +726,39 @@ TEST(BlockingWaitTest, ABlockingJoinKeepsThePoolGoingUntilEveryItemIsDone) {
   for (auto& r : results) EXPECT_GE(r.get(), 0);
 }
 
+int sleep_a_little(int) {
+  std::this_thread::sleep_for(20ms);
+  return 0;
+}
+int hold_until_set(Lock lock, Event held, Event go) {
+  lock.lock();
+  held.set();
+  bool told = go.wait(10s);
+  lock.unlock();
+  return told ? 1 : 0;
+}
+int set_event(Event event) {
+  event.set();
+  return 0;
+}
+
+// Two workers: the first holds the lock until the tenth task, queued behind the second worker's
+// slow ones, tells it to let go.
+TEST(BlockingWaitTest, ABlockingLockKeepsThePoolGoing) {
+  Pool pool({.processes = 2});
+  Lock lock;
+  Event held, go;
+  std::vector<AsyncResult<int>> results;
+  results.push_back(pool.apply_async(hold_until_set, lock, held, go));
+  for (int i = 0; i < 8; ++i) results.push_back(pool.apply_async(sleep_a_little, i));
+  results.push_back(pool.apply_async(set_event, go));
+  ASSERT_TRUE(held.wait(10s));
+  EXPECT_TRUE(lock.try_lock_for(10s)) << "the task that lets the holder go never ran";
+  lock.unlock();
+  EXPECT_EQ(results.front().get(), 1);
+  for (auto& r : results) r.get();
+}
+
 TEST(BlockingWaitTest, ABlockingGetInsideACoroutineWaitsWithoutTheLoop) {
   Queue<int> queue;
   int got = run([&]() -> Task<int> {
@@ -733,6 +767,80 @@ TEST(BlockingWaitTest, ABlockingGetInsideACoroutineWaitsWithoutTheLoop) {
     co_return queue.get();
   }());
   EXPECT_EQ(got, 7);
+}
+
+void add_under_lock(Lock lock, Value<int> count, int times) {
+  for (int i = 0; i < times; ++i) {
+    std::lock_guard held(lock);
+    int seen = count.load();
+    std::this_thread::sleep_for(50us);  // others pile up and sleep on the lock
+    count.store(seen + 1);
+  }
+}
+
+// Processes that sleep in glibc's lock() and a coroutine that sleeps on the loop share one lock:
+// every unlock that must wake a sleeper does (a lost wake-up would hang a locker for ever).
+TEST(LockTest, LockersOnTheLoopAndInTheKernelLoseNoWakeUp) {
+  // In a child with an alarm: a lost wake-up is a locker asleep for ever.
+  int status = test_support::run_in_child_within(60s, [] {
+    Lock lock;
+    Value<int> count(0);
+    constexpr int kTimes = 300;
+    std::vector<Process> lockers;
+    for (int i = 0; i < 2; ++i) lockers.push_back(start_process(add_under_lock, lock, count, kTimes));
+    run([&]() -> Task<void> {
+      for (int i = 0; i < kTimes; ++i) {
+        co_await lock.async_lock();
+        int seen = count.load();
+        std::this_thread::sleep_for(50us);
+        count.store(seen + 1);
+        lock.unlock();
+      }
+    }());
+    for (Process& p : lockers)
+      if (!p.join(30s) || p.exitcode() != 0) throw std::runtime_error("a locker did not finish");
+    if (count.load() != 3 * kTimes) throw std::runtime_error("a count was lost: the lock let two in");
+  });
+  ASSERT_TRUE(WIFEXITED(status)) << "a locker waited for ever: its wake-up was lost (killed by signal "
+                                 << (WIFSIGNALED(status) ? WTERMSIG(status) : 0) << ")";
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+void lock_when_told(Lock lock, Event told, Event locked) {
+  told.wait();
+  lock.lock();
+  locked.set();
+  lock.unlock();
+}
+
+// A coroutine asleep on the lock, then a process asleep in glibc's lock() behind it: the holder's
+// unlock wakes the coroutine (first in the futex's queue), which takes the lock without glibc's
+// lock(); its unlock must still wake the process.
+TEST(LockTest, ALockTakenOnTheLoopAfterASleepWakesTheNextSleeper) {
+  int status = test_support::run_in_child_within(60s, [] {
+    Lock lock;
+    Event held, release, go, locked;
+    Process holder = start_process(hold_until_told, lock, held, release);
+    Process sleeper = start_process(lock_when_told, lock, go, locked);
+    if (!held.wait(10s)) throw std::runtime_error("the holder never took the lock");
+    run([&]() -> Task<void> {
+      auto take = [&]() -> Task<void> {
+        co_await lock.async_lock();
+        lock.unlock();
+      };
+      auto then = [&]() -> Task<void> {
+        co_await sleep_for(50ms);  // the coroutine sleeps on the lock
+        go.set();
+        co_await sleep_for(50ms);  // the process sleeps in lock(), behind it
+        release.set();
+      };
+      co_await when_all(take(), then());
+    }());
+    if (!locked.wait(10s)) throw std::runtime_error("the process asleep in lock() was never woken");
+    if (!holder.join(10s) || !sleeper.join(10s)) throw std::runtime_error("a process did not end");
+  });
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the process asleep in lock() was never woken";
 }
 
 TEST(LockTest, LockedSaysWhetherAnyProcessHoldsIt) {

@@ -1,6 +1,6 @@
 #pragma once
 // The blocking waits of the plain (not loop) calls of queues, events, pipes, processes and the
-// futex-based primitives (Semaphore, Condition, Barrier, JoinableQueue::join).
+// futex-based primitives (Lock, Semaphore, Condition, Barrier, JoinableQueue::join).
 //
 // When the calling thread's loop has work in flight and nothing drives it (a pool's replies, the
 // jobs queued behind them), each of these waits drives it, as AsyncResult::get() does: coroutines
@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdint>
 
+#include <forkpool/runtime/internal/blocking_wait.hpp>
 #include <forkpool/runtime/internal/deadline.hpp>
 #include <forkpool/runtime/task.hpp>
 #include <forkpool/sync/queue.hpp>
@@ -19,6 +20,19 @@
 namespace forkpool::detail {
 
 // Deadline and deadline_unless_forever() are in runtime/internal/deadline.hpp.
+
+// Whether a blocking wait on this thread now drives its loop: the loop exists, has work in
+// flight, and nothing (run(), get(), a coroutine of its own) drives it already.
+bool wait_drives_loop() noexcept;
+
+// Starts `waiting` (its first wait goes on the loop) and drives the loop until it has ended:
+// the blocking form of a wait written as a coroutine. Rethrows what it threw.
+template <class T>
+T drive_until_done(Task<T> waiting, const char* who) {
+  waiting.handle().resume();
+  drive_loop_until([&] { return waiting.handle().done(); }, std::nullopt, who);
+  return waiting.handle().promise().take();
+}
 
 // Waits until `fd` has `events` (POLLIN, POLLOUT) or `deadline` passes (false). Signals are
 // waited through. Throws std::system_error naming `who`.
