@@ -374,6 +374,7 @@ if queue:
     socket_us, futex_us = trip_us("BM_RawSocketpairPingPong64B/real_time"), trip_us(
         "BM_RawSpinThenFutexPingPong/0/real_time")
     for name, label in (("BM_SemaphoreHandOff/real_time", "semaphore: hand-off there and back"),
+                        ("BM_SemaphoreHandOffOnTheLoop/real_time", "semaphore: the same, awaited on the loop"),
                         ("BM_ConditionHandOff/real_time", "condition: hand-off there and back")):
         us = trip_us(name)
         if not us:
