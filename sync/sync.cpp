@@ -117,17 +117,18 @@ bool Lock::took(int result) {
 }
 
 void Lock::lock() {
-  if (detail::wait_drives_loop())
-    detail::drive_until_done(lock_on_loop(std::nullopt), "forkpool: Lock::lock");
-  else
+  if (!detail::wait_drives_loop())
     took(pthread_mutex_lock(&page_->as<LockState>()->mutex));
+  else if (!try_lock())  // free: taken without a coroutine
+    detail::drive_until_done(lock_on_loop(std::nullopt), "forkpool: Lock::lock");
 }
 
 bool Lock::try_lock() { return took(pthread_mutex_trylock(&page_->as<LockState>()->mutex)); }
 
 bool Lock::try_lock_for(std::chrono::nanoseconds timeout) {
   if (detail::wait_drives_loop() && timeout > 0ns)
-    return detail::drive_until_done(lock_on_loop(detail::deadline_after(timeout)), "forkpool: Lock::try_lock_for");
+    return try_lock() ||
+           detail::drive_until_done(lock_on_loop(detail::deadline_after(timeout)), "forkpool: Lock::try_lock_for");
   // pthread's timed lock takes a CLOCK_REALTIME deadline; the _clock form, the steady one's.
   __kernel_timespec when = detail::to_kernel_time(detail::deadline_after(timeout));  // saturates: "for ever"
   timespec deadline{static_cast<time_t>(when.tv_sec), static_cast<long>(when.tv_nsec)};

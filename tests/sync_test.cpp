@@ -759,6 +759,37 @@ TEST(BlockingWaitTest, ABlockingLockKeepsThePoolGoing) {
   for (auto& r : results) r.get();
 }
 
+int wait_for_it(Event event) { return event.wait(10s) ? 1 : 0; }
+void hold_then_die(Lock lock, Event held) {
+  lock.lock();
+  held.set();
+  std::this_thread::sleep_for(100ms);  // the parent is asleep on the lock by now
+  _exit(3);
+}
+
+// A wait that runs the loop sleeps on the mutex's futex: the kernel wakes it when the holder dies
+// (robust list), and the lock passes with previous_owner_died().
+TEST(BlockingWaitTest, ALockWhoseHolderDiesPassesToAWaitThatRunsTheLoop) {
+  // lock() has no deadline: a wake-up that never comes is the child's alarm.
+  int status = test_support::run_in_child_within(30s, [] {
+    Pool pool({.processes = 1});
+    Event done;
+    AsyncResult<int> busy = pool.apply_async(wait_for_it, done);  // work in flight: lock() runs the loop
+    Lock lock;
+    Event held;
+    Process holder = start_process(hold_then_die, lock, held);
+    if (!held.wait(10s)) throw std::runtime_error("the holder never took the lock");
+    lock.lock();
+    if (!lock.previous_owner_died()) throw std::runtime_error("previous_owner_died() is false");
+    lock.unlock();
+    done.set();
+    if (busy.get() != 1 || !holder.join(10s)) throw std::runtime_error("the task or the holder did not end");
+  });
+  ASSERT_TRUE(WIFEXITED(status)) << "the holder's death did not wake lock() (killed by signal "
+                                 << (WIFSIGNALED(status) ? WTERMSIG(status) : 0) << ")";
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
 TEST(BlockingWaitTest, ABlockingGetInsideACoroutineWaitsWithoutTheLoop) {
   Queue<int> queue;
   int got = run([&]() -> Task<int> {
