@@ -874,6 +874,31 @@ TEST(LockTest, ALockTakenOnTheLoopAfterASleepWakesTheNextSleeper) {
   EXPECT_EQ(WEXITSTATUS(status), 0) << "the process asleep in lock() was never woken";
 }
 
+// A thread in lock() and a coroutine in async_lock() of the same process (run under TSan).
+TEST(LockThreadsTest, AThreadInLockAndACoroutineOnTheLoopShareALock) {
+  Lock lock;
+  int count = 0;  // guarded by `lock` alone
+  constexpr int kTimes = 20000;
+  std::thread other([&] {
+    for (int i = 0; i < kTimes; ++i) {
+      std::lock_guard held(lock);
+      ++count;
+      std::this_thread::yield();  // the other side arrives while this one holds it
+    }
+  });
+  run([&]() -> Task<void> {
+    for (int i = 0; i < kTimes; ++i) {
+      co_await lock.async_lock();
+      ++count;
+      std::this_thread::yield();
+      lock.unlock();
+    }
+  }());
+  other.join();
+  std::lock_guard held(lock);
+  EXPECT_EQ(count, 2 * kTimes);
+}
+
 TEST(LockTest, LockedSaysWhetherAnyProcessHoldsIt) {
   Lock lock;
   Queue<int> report;
