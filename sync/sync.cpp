@@ -137,10 +137,9 @@ bool Lock::try_lock_for(std::chrono::nanoseconds timeout) {
 }
 
 bool Lock::locked() const noexcept {
-  // The futex word of glibc's robust mutex holds the owner's thread id; the kernel clears it
-  // when the owner dies (and sets FUTEX_OWNER_DIED).
-  auto& word = page_->as<LockState>()->mutex.__data.__lock;
-  return (std::atomic_ref<int>(word).load() & FUTEX_TID_MASK) != 0;
+  // The kernel clears the owner's thread id from the word when the owner dies (and sets
+  // FUTEX_OWNER_DIED).
+  return (std::atomic_ref<int>(futex_word_of(*page_)).load() & FUTEX_TID_MASK) != 0;
 }
 
 // glibc's own wait, with the sleep on the loop: mark the word, sleep while it holds that value,
