@@ -62,7 +62,13 @@ Tensor Tensor::empty(std::vector<std::int64_t> shape, DType dtype) {
   detail::TensorDims dims = detail::TensorDims::contiguous(shape);
   auto extent = detail::view_extent(dims.shape(), dims.strides(), element_size(dtype));
   if (!extent) throw std::invalid_argument("forkpool: Tensor shape has a negative or too large size");
-  return detail::tensor_from_storage(detail::Storage::allocate(*extent), 0, dims.shape(), dims.strides(), dtype);
+  // Made here, not by tensor_from_storage: the view fills its new storage exactly, so there is
+  // nothing to check twice.
+  Tensor t;
+  t.storage_ = detail::Storage::allocate(*extent);
+  t.dims_ = std::move(dims);
+  t.dtype_ = dtype;
+  return t;
 }
 
 Tensor Tensor::zeros(std::vector<std::int64_t> shape, DType dtype) {
@@ -105,12 +111,6 @@ Tensor detail::tensor_from_storage(std::shared_ptr<Storage> storage, std::int64_
   t.dims_ = TensorDims(shape, strides);
   t.dtype_ = dtype;
   return t;
-}
-
-std::int64_t Tensor::numel() const noexcept {
-  if (!storage_) return 0;
-  std::span<const std::int64_t> shape = dims_.shape();
-  return std::accumulate(shape.begin(), shape.end(), std::int64_t{1}, std::multiplies<>());
 }
 
 bool Tensor::is_contiguous() const noexcept {

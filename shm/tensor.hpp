@@ -76,7 +76,14 @@ class Tensor {
   std::span<const std::int64_t> shape() const noexcept { return dims_.shape(); }
   std::span<const std::int64_t> strides() const noexcept { return dims_.strides(); }  // in elements
   DType dtype() const noexcept { return dtype_; }
-  std::int64_t numel() const noexcept;
+  // Inline: a loop `for (i = 0; i < t.numel(); ++i)` hoists it instead of calling into the
+  // library once per element.
+  std::int64_t numel() const noexcept {
+    if (!storage_) return 0;
+    std::int64_t count = 1;
+    for (std::int64_t extent : dims_.shape()) count *= extent;
+    return count;
+  }
   std::size_t nbytes() const noexcept { return static_cast<std::size_t>(numel()) * element_size(dtype_); }
   std::int64_t dim() const noexcept { return static_cast<std::int64_t>(dims_.size()); }
   bool is_contiguous() const noexcept;
