@@ -209,7 +209,7 @@ Storage::~Storage() {
 }
 
 void Storage::notify_on_release(const std::shared_ptr<ReleaseListener>& listener) {
-  std::lock_guard lock(listeners_mutex_);
+  std::lock_guard lock(mutex_);
   std::erase_if(listeners_, [](const auto& weak) { return weak.expired(); });
   listeners_.push_back(listener);
 }

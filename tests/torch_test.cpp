@@ -12,6 +12,8 @@
 #include <forkpool/forkpool.hpp>
 #include <forkpool/torch.hpp>
 
+#include "support.hpp"
+
 namespace forkpool {
 namespace {
 
@@ -95,6 +97,84 @@ TEST(TorchTest, WhatCannotCrossIsAnErrorBeforeAnythingIsSent) {
   EXPECT_NE(refused(leaf * 2).find("requires grad"), std::string::npos);
   at::Tensor back = pool.apply_async(identity, leaf).get();  // a leaf crosses with its flag
   EXPECT_TRUE(back.requires_grad());
+}
+
+// Every dtype forkpool and libtorch share, shared and ordinary, to a worker and back.
+TEST(TorchTest, EveryDtypeRoundTripsWithItsValues) {
+  Pool pool({.processes = 1});
+  for (at::ScalarType dtype : {at::kByte, at::kChar, at::kShort, at::kInt, at::kLong, at::kHalf, at::kBFloat16,
+                               at::kFloat, at::kDouble, at::kBool}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    at::Tensor values = ::torch::arange(24).remainder(dtype == at::kBool ? 2 : 100).to(dtype).view({2, 3, 4});
+    at::Tensor shared = fpt::empty({2, 3, 4}, at::TensorOptions().dtype(dtype));
+    shared.copy_(values);
+    for (const at::Tensor& sent : {shared, values}) {
+      at::Tensor back = pool.apply_async(identity, sent).get();
+      EXPECT_EQ(back.scalar_type(), dtype);
+      EXPECT_EQ(back.sizes(), values.sizes());
+      EXPECT_EQ(back.strides(), values.strides());
+      EXPECT_TRUE(::torch::equal(back, values));
+    }
+  }
+}
+
+// Views keep their shape, strides and offset; empty and 0-dim tensors cross too; a shared
+// tensor comes back as the same memory.
+TEST(TorchTest, ViewsEmptyAndZeroDimTensorsRoundTripAsTheSameMemory) {
+  Pool pool({.processes = 1});
+  at::Tensor base = fpt::empty({6, 8}, at::kFloat);
+  base.copy_(::torch::arange(48, at::kFloat).view({6, 8}));
+  at::Tensor empty = fpt::empty({0, 3}, at::kFloat);
+  at::Tensor scalar = fpt::empty({}, at::kDouble).fill_(2.5);
+  for (const at::Tensor& sent : {base.slice(1, 2, 7), base.t(), base.as_strided({3, 2}, {1, 16}, 5), empty, scalar}) {
+    at::Tensor back = pool.apply_async(identity, sent).get();
+    EXPECT_EQ(back.sizes(), sent.sizes());
+    EXPECT_EQ(back.strides(), sent.strides());
+    EXPECT_EQ(back.storage_offset(), sent.storage_offset());
+    EXPECT_TRUE(::torch::equal(back, sent));
+    if (sent.numel() > 0) {
+      EXPECT_EQ(back.data_ptr(), sent.data_ptr());
+    }
+  }
+}
+
+std::pair<at::Tensor, at::Tensor> two_views_of_one_block() {
+  at::Tensor base = fpt::zeros({8});
+  return {base.slice(0, 0, 4), base.slice(0, 4, 8)};
+}
+
+// As torch.multiprocessing's shared_cache: tensors over one block in a process share one torch
+// storage, whether made here or received, so a block that comes back is the storage it left.
+TEST(TorchTest, TensorsOverOneBlockShareOneTorchStorage) {
+  Pool pool({.processes = 1});
+  at::Tensor t = fpt::zeros({16});
+  at::Tensor back = pool.apply_async(identity, t).get();
+  EXPECT_EQ(back.storage().unsafeGetStorageImpl(), t.storage().unsafeGetStorageImpl());
+  auto [first, second] = pool.apply_async(two_views_of_one_block).get();
+  EXPECT_EQ(first.storage().unsafeGetStorageImpl(), second.storage().unsafeGetStorageImpl());
+  EXPECT_EQ(second.storage_offset(), 4);
+  Tensor forkpool_side = fpt::to_forkpool(t);
+  EXPECT_EQ(fpt::from_forkpool(forkpool_side).storage().unsafeGetStorageImpl(), t.storage().unsafeGetStorageImpl());
+  // Once no tensor uses it, the next one over the block gets a storage of its own.
+  Tensor kept = fpt::to_forkpool(first);
+  first = at::Tensor();
+  second = at::Tensor();
+  at::Tensor again = fpt::from_forkpool(kept);
+  EXPECT_TRUE(fpt::is_shared(again));
+  EXPECT_EQ(again.numel(), 4);
+}
+
+at::Tensor a_new_tensor(int index) { return fpt::empty({16}).fill_(index); }
+
+// Each result is a block of a recycled slab, not a descriptor of its own.
+TEST(TorchTest, TwentyThousandTensorsFromWorkersKeptByTheParentHoldUnder64Descriptors) {
+  int before = test_support::open_fd_count();
+  Pool pool({.processes = 2});
+  std::vector<int> indices(20'000);
+  std::iota(indices.begin(), indices.end(), 0);
+  std::vector<at::Tensor> kept = pool.map_async(a_new_tensor, indices).get();
+  EXPECT_LT(test_support::open_fd_count() - before, 64);
+  for (int i = 0; i < 20'000; i += 997) EXPECT_EQ(kept[i][15].item<float>(), static_cast<float>(i));
 }
 
 void produce(Queue<at::Tensor> q) {

@@ -78,10 +78,46 @@ const std::shared_ptr<forkpool::detail::Storage>& storage_of(const at::Tensor& t
   return static_cast<SharedBlock*>(tensor.storage().data_ptr().get_context())->storage;
 }
 
+// What a forkpool storage keeps of the torch storage over it (Storage::with_binding): weakly,
+// since the torch storage holds the forkpool one.
+struct TorchBinding {
+  c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+};
+
+void remember_torch_storage(forkpool::detail::Storage& storage, const c10::Storage& over_it) {
+  c10::weak_intrusive_ptr<c10::StorageImpl> weak = over_it.getWeakStorageImpl();
+  storage.with_binding([&](std::shared_ptr<void>& slot) {
+    if (slot)
+      std::swap(static_cast<TorchBinding*>(slot.get())->storage, weak);
+    else
+      slot = std::make_shared<TorchBinding>(TorchBinding{std::move(weak)});
+  });  // the old handle goes here, outside the lock (a weak handle holds no forkpool storage)
+}
+
+// The torch storage over all of `storage`: the one this process already has while any tensor
+// uses it (so tensors of one block share their storage, as torch.multiprocessing's shared_cache
+// makes them, and a block that comes back costs no new one), else a new one.
+c10::Storage torch_storage_over(const std::shared_ptr<forkpool::detail::Storage>& storage) {
+  c10::weak_intrusive_ptr<c10::StorageImpl> weak = storage->with_binding([](std::shared_ptr<void>& slot) {
+    return slot ? static_cast<TorchBinding*>(slot.get())->storage
+                : c10::weak_intrusive_ptr<c10::StorageImpl>(c10::intrusive_ptr<c10::StorageImpl>());
+  });
+  if (c10::intrusive_ptr<c10::StorageImpl> known = weak.lock()) {
+    // Still over all of these bytes (nobody gave the torch storage other memory since).
+    const c10::DataPtr& data = known->data_ptr();
+    if (data.get_deleter() == &let_go && static_cast<SharedBlock*>(data.get_context())->storage == storage &&
+        known->nbytes() == storage->size())
+      return c10::Storage(std::move(known));
+  }
+  c10::Storage made(c10::Storage::use_byte_size_t(), storage->size(), data_ptr_over(storage), nullptr, false);
+  remember_torch_storage(*storage, made);
+  return made;
+}
+
 // A torch::Tensor over `storage`, viewed as given.
 at::Tensor tensor_over(const std::shared_ptr<forkpool::detail::Storage>& storage, std::int64_t byte_offset,
                        std::span<const std::int64_t> shape, std::span<const std::int64_t> strides, DType dtype) {
-  c10::Storage shared(c10::Storage::use_byte_size_t(), storage->size(), data_ptr_over(storage), nullptr, false);
+  c10::Storage shared = torch_storage_over(storage);
   // Built as at::for_blob builds its tensor: no dispatched op (at::empty and set_ took about
   // a third of a small tensor's round trip).
   at::Tensor out =
@@ -139,6 +175,7 @@ at::Tensor& share_memory(at::Tensor& tensor) {
   if (bytes > 0) std::memcpy(block.raw_data(), storage.data(), bytes);
   // The storage itself moves: every tensor on it sees shared memory from here on.
   storage.unsafeGetStorageImpl()->set_data_ptr_noswap(data_ptr_over(block.storage()));
+  remember_torch_storage(*block.storage(), storage);
   return tensor;
 }
 

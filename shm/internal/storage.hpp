@@ -78,6 +78,16 @@ class Storage {
   // `listener` is told when this storage is released here (unless it is gone by then).
   void notify_on_release(const std::shared_ptr<ReleaseListener>& listener);
 
+  // One object a binding keeps per storage (forkpool-torch: a weak handle to the torch storage
+  // over these bytes, so that tensors of one block share it). `use(slot)` runs under the
+  // storage's lock; the slot starts empty and goes with the storage. Any thread. `use` must not
+  // let go of anything that may hold this storage.
+  template <class F>
+  decltype(auto) with_binding(F&& use) {
+    std::lock_guard lock(mutex_);
+    return std::forward<F>(use)(binding_);
+  }
+
  private:
   friend class Slab;
   enum class Kind { block, memfd, named, external };
@@ -102,8 +112,9 @@ class Storage {
   ino_t inode_ = 0;
   bool cached_ = false;
   std::uint64_t id_;
-  std::mutex listeners_mutex_;  // a storage may be lent by pools on several threads
+  std::mutex mutex_;  // for listeners_ and binding_: a storage may be lent and used on several threads
   std::vector<std::weak_ptr<ReleaseListener>> listeners_;
+  std::shared_ptr<void> binding_;
 };
 
 }  // namespace forkpool::detail
