@@ -280,6 +280,19 @@ if torch_bench:
             ratio.append(f"{r / threads:.2f}x libtorch's thread DataLoader")
         row(f"torch: DataLoader pattern, {kib} KiB torch::Tensor batches", f"{r:.0f} batches/s", "; ".join(ratio))
 
+# Hogwild (examples/torch_hogwild, run by run_all.sh): 2 processes on halves of the data against
+# 1 process on all of it, the same samples seen in all.
+hogwild = {}
+for processes in (1, 2):
+    m = re.search(r"hogwild: " + str(processes) + r" processes x \d+ steps in ([\d.]+) s: .*accuracy [\d.]+ -> ([\d.]+)",
+                  open(os.path.join(out, "hogwild.txt")).read() if os.path.exists(os.path.join(out, "hogwild.txt")) else "")
+    if m:
+        hogwild[processes] = (float(m.group(1)), float(m.group(2)))
+if 1 in hogwild and 2 in hogwild:
+    (t1, a1), (t2, a2) = hogwild[1], hogwild[2]
+    row("torch: hogwild, 2 processes vs 1 (same samples in all)", f"{t2:.2f} vs {t1:.2f} s",
+        f"{t1 / t2:.2f}x faster; accuracy {a2:.3f} vs {a1:.3f} (target: as accurate, in less time)")
+
 
 def plot():
     """PNG plots beside the results: the tensor round trip against size, and DataLoader throughput

@@ -19,6 +19,10 @@ if [ -x "$build/bench/torch_bench" ]; then
     --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
     --benchmark_out="$out/torch.json" --benchmark_out_format=json >&2
 fi
+if [ -x "$build/examples/torch_hogwild" ]; then
+  echo "== hogwild: 1 process on all the data, then 2 on halves (examples/torch_hogwild)" >&2
+  { "$build/examples/torch_hogwild" 1 40000 && "$build/examples/torch_hogwild" 2 20000; } | tee "$out/hogwild.txt" >&2
+fi
 echo "== loop_bench (epoll)" >&2
 FORKPOOL_BACKEND=epoll "$build/bench/loop_bench" --benchmark_min_time=0.3 --benchmark_filter=Loop \
   --benchmark_out="$out/loop_epoll.json" --benchmark_out_format=json >&2

@@ -339,6 +339,32 @@ TEST(SharedMemory, ABlockReturnedTwiceComesHomeOnceBothAreDropped) {
       << "the parent's release did not bring it home";
 }
 
+std::size_t in_use_in_worker(int) { return shared_memory_stats().in_use_bytes; }
+Tensor a_batch_of(int index) { return batch(1024, static_cast<float>(index)); }
+
+// Blocks a worker made, dropped by the parent on four threads while its loop serves the pool:
+// every release reaches the worker (the threads suite runs this under TSan; before it, the
+// suite's filter matched no test of this program).
+TEST(SharedMemoryThreads, BatchesFromAWorkerDroppedOnFourThreadsWhileThePoolWorksAllGoHome) {
+  Pool pool({.processes = 1});
+  std::vector<int> indices(64);
+  for (int i = 0; i < 64; ++i) indices[i] = i;
+  std::vector<Tensor> batches = pool.map_async(a_batch_of, indices).get();
+  ASSERT_GE(pool.apply_async(in_use_in_worker, 0).get(), 64u * 1024 * sizeof(float));
+  std::vector<std::thread> droppers;
+  for (int first = 0; first < 4; ++first)
+    droppers.emplace_back([&batches, first] {
+      for (std::size_t i = first; i < batches.size(); i += 4) {
+        EXPECT_EQ(batches[i].data<float>()[1023], static_cast<float>(i));
+        batches[i] = Tensor();
+      }
+    });
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(pool.apply_async(nothing, i).get(), i);  // meanwhile
+  for (std::thread& dropper : droppers) dropper.join();
+  EXPECT_TRUE(eventually([&] { return pool.apply_async(in_use_in_worker, 0).get() == 0; }))
+      << "blocks dropped on other threads never went home";
+}
+
 TEST(SharedMemory, AWorkerKilledWhileHoldingBlocksGivesThemBack) {
   Pool pool({.processes = 1});
   std::optional<Tensor> t = Tensor::empty({256}, DType::f32);
