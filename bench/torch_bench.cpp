@@ -8,10 +8,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <ranges>
 #include <string>
 
 #include <forkpool/forkpool.hpp>
+#include <forkpool/shm/internal/block_table.hpp>
 #include <forkpool/torch.hpp>
 
 namespace fp = forkpool;
@@ -96,6 +98,47 @@ void BM_TorchOverFpRoundTrip(benchmark::State& state) {
   state.SetLabel(std::to_string(state.range(0) >> 10) + " KiB, alternated in one pool");
 }
 BENCHMARK(BM_TorchOverFpRoundTrip)->Arg(4 << 10)->Arg(1 << 20)->UseRealTime();
+
+// One side's share of a round trip, without the trip: a tensor made over a block of shared
+// memory and dropped, as a decode makes it and the code after the task drops it. Arg 0: a
+// forkpool::Tensor; 1: a torch::Tensor with no other on the block (a worker's case: a new torch
+// storage each time); 2: a torch::Tensor while another is kept on the block (the parent's case:
+// the storage is reused).
+void BM_TensorOverABlockMadeAndDropped(benchmark::State& state) {
+  fp::Tensor block = fp::Tensor::zeros({1024}, fp::DType::f32);
+  std::optional<at::Tensor> kept;
+  if (state.range(0) == 2) kept = fp::torch::from_forkpool(block);
+  for (auto _ : state) {
+    if (state.range(0) == 0) {
+      fp::Tensor made = fp::Tensor::from_storage(block.storage(), 0, {1024}, {1}, fp::DType::f32);
+      benchmark::DoNotOptimize(made.raw_data());
+    } else {
+      at::Tensor made = fp::torch::from_forkpool(block);
+      benchmark::DoNotOptimize(made.data_ptr());
+    }
+  }
+  state.SetLabel(state.range(0) == 0 ? "forkpool::Tensor" : state.range(0) == 1 ? "torch::Tensor, new storage"
+                                                                                  : "torch::Tensor, storage reused");
+}
+BENCHMARK(BM_TensorOverABlockMadeAndDropped)->DenseRange(0, 2);
+
+// The other share: a shared tensor encoded into a message (its block named in the message's
+// table). Arg 0: a forkpool::Tensor; 1: a torch::Tensor.
+void BM_SharedTensorEncoded(benchmark::State& state) {
+  fp::Tensor f = fp::Tensor::zeros({1024}, fp::DType::f32);
+  at::Tensor t = fp::torch::from_forkpool(f);
+  for (auto _ : state) {
+    fp::detail::OutgoingBlocks blocks;
+    fp::Writer w(&blocks);
+    if (state.range(0) == 0)
+      fp::codec<fp::Tensor>::encode(w, f);
+    else
+      fp::codec<at::Tensor>::encode(w, t);
+    benchmark::DoNotOptimize(w.bytes().data());
+  }
+  state.SetLabel(state.range(0) == 0 ? "forkpool::Tensor" : "torch::Tensor");
+}
+BENCHMARK(BM_SharedTensorEncoded)->DenseRange(0, 1);
 
 // The DataLoader pattern with torch::Tensor batches: 2 workers each build a new float32 batch in
 // shared memory per index (fp::torch::empty, filled), the parent consumes them in order.
