@@ -117,8 +117,9 @@ void BM_TensorOverABlockMadeAndDropped(benchmark::State& state) {
       benchmark::DoNotOptimize(made.data_ptr());
     }
   }
-  state.SetLabel(state.range(0) == 0 ? "forkpool::Tensor" : state.range(0) == 1 ? "torch::Tensor, new storage"
-                                                                                  : "torch::Tensor, storage reused");
+  state.SetLabel(state.range(0) == 0   ? "forkpool::Tensor"
+                 : state.range(0) == 1 ? "torch::Tensor, new storage"
+                                       : "torch::Tensor, storage reused");
 }
 BENCHMARK(BM_TensorOverABlockMadeAndDropped)->DenseRange(0, 2);
 
