@@ -158,7 +158,13 @@ class AsyncResult {
  public:
   explicit AsyncResult(std::shared_ptr<detail::ResultState<R>> state) : state_(std::move(state)) {}
 
-  bool ready() const noexcept { return state_->ready(); }
+  // Whether the work has ended. Outside a coroutine, each call first runs what the loop has
+  // ready, without waiting (results that arrived, the next jobs out), so a program that only
+  // polls ready() sees its work go on and finish; inside a coroutine on the loop it only looks.
+  bool ready() const {
+    if (!state_->ready()) detail::run_ready_work_if_idle();
+    return state_->ready();
+  }
 
   // Items done of the total: a map's elements, otherwise 0 or 1 of 1.
   Progress progress() const { return state_->progress(); }
@@ -217,11 +223,11 @@ class AsyncResult {
     return state_->take();
   }
   void wait() const {
-    detail::drive_loop_until([this] { return ready(); }, std::nullopt, "forkpool::AsyncResult::wait");
+    detail::drive_loop_until([this] { return state_->ready(); }, std::nullopt, "forkpool::AsyncResult::wait");
   }
   // True if the result became ready within `timeout`.
   bool wait(std::chrono::nanoseconds timeout) const {
-    return detail::drive_loop_until([this] { return ready(); }, timeout, "forkpool::AsyncResult::wait");
+    return detail::drive_loop_until([this] { return state_->ready(); }, timeout, "forkpool::AsyncResult::wait");
   }
 
   auto operator co_await() const& { return Awaiter<false>{state_}; }

@@ -30,4 +30,10 @@ bool drive_loop_until(const std::function<bool()>& ready, std::optional<std::chr
   return ready();
 }
 
+void run_ready_work_if_idle() {
+  Loop* loop = LoopInternals::existing();
+  if (!loop || LoopInternals::driving(*loop)) return;
+  loop->run_ready();
+}
+
 }  // namespace forkpool::detail

@@ -296,6 +296,37 @@ TEST_P(PoolTest, AnExceptionInATaskIsARemoteErrorWithTypeMessageAndPid) {
   EXPECT_EQ(pool.apply_async(fail_on_seven, 5).get(), 5);
 }
 
+// A program that only polls, as Python's users do (`while not r.ready()`): ready() outside a
+// coroutine runs what the loop has ready, so the results arrive and the jobs behind the first
+// ones go out. (Python's result-handler thread does this there.)
+TEST_P(PoolTest, AProgramThatOnlyPollsReadySeesAllItsWorkFinish) {
+  Pool pool(options());
+  std::vector<AsyncResult<int>> results;
+  for (int i = 0; i < 20; ++i) results.push_back(pool.apply_async(sleep_ms, 1));  // more than the workers hold
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  std::size_t ready = 0;
+  while (ready < results.size() && std::chrono::steady_clock::now() < deadline) {
+    ready = 0;
+    for (const AsyncResult<int>& r : results) ready += r.ready() ? 1 : 0;
+  }
+  EXPECT_EQ(ready, results.size()) << "polling ready() alone never saw the work end";
+  for (const AsyncResult<int>& r : results) EXPECT_EQ(r.get(0ms), 1);
+}
+
+// Inside a coroutine the loop is already running: ready() only looks (it neither throws nor
+// drives the loop from within).
+TEST_P(PoolTest, ReadyInsideACoroutineOnlyLooks) {
+  Pool pool(options());
+  auto body = [&]() -> Task<void> {
+    AsyncResult<int> r = pool.apply_async(sleep_ms, 50);
+    EXPECT_FALSE(r.ready());
+    int value = co_await r;
+    EXPECT_EQ(value, 50);
+    EXPECT_TRUE(r.ready());
+  };
+  run(body());
+}
+
 TEST_P(PoolTest, GetWithATimeoutThatRunsOutThrowsTimeoutError) {
   Pool pool(options());
   AsyncResult<int> slow = pool.apply_async(sleep_ms, 500);

@@ -12,4 +12,10 @@ namespace forkpool::detail {
 bool drive_loop_until(const std::function<bool()>& ready, std::optional<std::chrono::nanoseconds> timeout,
                       const char* who);
 
+// Runs what the calling thread's loop has ready, without waiting: unless the thread has no loop,
+// or something drives it now (a coroutine on it, a turn, a host's run_ready). A program that
+// polls a result outside any coroutine (`while (!r.ready()) ...`) then sees the pool's work go
+// on and finish, as Python's result-handler thread would have made it.
+void run_ready_work_if_idle();
+
 }  // namespace forkpool::detail
