@@ -1,5 +1,5 @@
 // The suite's main: meson runs each test binary once per backend (FORKPOOL_BACKEND). A backend
-// this kernel lacks is a skip (exit 77), never a silent pass.
+// this kernel lacks is a skip (exit 77), never a silent pass; nor is a filter that matches no test.
 
 #include <gtest/gtest.h>
 
@@ -31,5 +31,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "skipping: backend %s unavailable: %s\n", forced ? forced : "(default)", e.what());
     return 77;
   }
-  return RUN_ALL_TESTS();
+  int result = RUN_ALL_TESTS();
+  // A filter that matches nothing would pass without testing anything (the threads suite's
+  // tensor run did, for a while): that is a failure.
+  if (::testing::UnitTest::GetInstance()->test_to_run_count() == 0) {
+    std::fprintf(stderr, "no test ran: the filter matches none\n");
+    return 1;
+  }
+  return result;
 }
