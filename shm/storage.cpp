@@ -184,6 +184,7 @@ std::shared_ptr<Storage> Storage::adopt_named(const std::string& name, std::size
 }
 
 Storage::~Storage() {
+  if (binding_.release) binding_.release(binding_.object);
   for (auto& weak : listeners_)
     if (auto listener = weak.lock()) listener->storage_released(id_);
   if (kind_ == Kind::block) {

@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -78,46 +79,61 @@ const std::shared_ptr<forkpool::detail::Storage>& storage_of(const at::Tensor& t
   return static_cast<SharedBlock*>(tensor.storage().data_ptr().get_context())->storage;
 }
 
-// What a forkpool storage keeps of the torch storage over it (Storage::with_binding): weakly,
-// since the torch storage holds the forkpool one.
-struct TorchBinding {
-  c10::weak_intrusive_ptr<c10::StorageImpl> storage;
-};
-
-void remember_torch_storage(forkpool::detail::Storage& storage, const c10::Storage& over_it) {
-  c10::weak_intrusive_ptr<c10::StorageImpl> weak = over_it.getWeakStorageImpl();
-  storage.with_binding([&](std::shared_ptr<void>& slot) {
-    if (slot)
-      std::swap(static_cast<TorchBinding*>(slot.get())->storage, weak);
-    else
-      slot = std::make_shared<TorchBinding>(TorchBinding{std::move(weak)});
-  });  // the old handle goes here, outside the lock (a weak handle holds no forkpool storage)
+// A forkpool storage keeps a weak handle to the torch storage over it (Storage::with_binding):
+// weak, since the torch storage holds the forkpool one.
+void drop_weak_handle(void* impl) noexcept {
+  c10::raw::weak_intrusive_ptr::decref(static_cast<c10::StorageImpl*>(impl));
 }
 
-// The torch storage over all of `storage`: the one this process already has while any tensor
-// uses it (so tensors of one block share their storage, as torch.multiprocessing's shared_cache
-// makes them, and a block that comes back costs no new one), else a new one.
-c10::Storage torch_storage_over(const std::shared_ptr<forkpool::detail::Storage>& storage) {
-  c10::weak_intrusive_ptr<c10::StorageImpl> weak = storage->with_binding([](std::shared_ptr<void>& slot) {
-    return slot ? static_cast<TorchBinding*>(slot.get())->storage
-                : c10::weak_intrusive_ptr<c10::StorageImpl>(c10::intrusive_ptr<c10::StorageImpl>());
+// Under the storage's lock: `over_it` becomes the torch storage it names.
+void remember_torch_storage(forkpool::detail::Storage::Binding& binding, c10::StorageImpl* over_it) {
+  c10::raw::weak_intrusive_ptr::incref(over_it);
+  if (binding.release) binding.release(binding.object);  // a weak handle holds no forkpool storage
+  binding = {over_it, &drop_weak_handle};
+}
+
+// Whether `impl` still lies over `storage` (nobody gave it other memory since) and reaches its
+// first `bytes` (share_memory's torch storage may be shorter than the block it moved into).
+bool lies_over(const c10::StorageImpl& impl, const std::shared_ptr<forkpool::detail::Storage>& storage,
+               std::size_t bytes) {
+  const c10::DataPtr& data = impl.data_ptr();
+  return data.get_deleter() == &let_go && static_cast<SharedBlock*>(data.get_context())->storage == storage &&
+         impl.nbytes() >= bytes;
+}
+
+// Whether a new torch storage is named in its forkpool storage for the next tensor over it.
+// Tensors made here (from_forkpool, empty, zeros, share_memory) are: a block that comes back to
+// this process while one of them lives arrives on its storage. Tensors decoded from a message
+// are not: a worker's argument storage is gone after its task, and the naming would cost every
+// round trip more than it saves.
+enum class Remember { yes, no };
+
+// The torch storage over `storage` for a tensor that reaches its first `bytes`: the one this
+// process named while any tensor uses it (so a block that comes back is on the storage it left,
+// as torch.multiprocessing's shared_cache makes it, and costs no new one), else a new one.
+c10::Storage torch_storage_over(const std::shared_ptr<forkpool::detail::Storage>& storage, std::size_t bytes,
+                                Remember remember) {
+  c10::intrusive_ptr<c10::StorageImpl> known;  // let go after the lock when it does not fit
+  std::optional<c10::Storage> made;
+  storage->with_binding([&](forkpool::detail::Storage::Binding& binding) {
+    if (binding.object) {
+      known = c10::weak_intrusive_ptr<c10::StorageImpl>::reclaim_copy(static_cast<c10::StorageImpl*>(binding.object))
+                  .lock();
+      if (known && lies_over(*known, storage, bytes)) return;
+    }
+    made.emplace(c10::Storage::use_byte_size_t(), storage->size(), data_ptr_over(storage), nullptr, false);
+    if (remember == Remember::yes) remember_torch_storage(binding, made->unsafeGetStorageImpl());
   });
-  if (c10::intrusive_ptr<c10::StorageImpl> known = weak.lock()) {
-    // Still over all of these bytes (nobody gave the torch storage other memory since).
-    const c10::DataPtr& data = known->data_ptr();
-    if (data.get_deleter() == &let_go && static_cast<SharedBlock*>(data.get_context())->storage == storage &&
-        known->nbytes() == storage->size())
-      return c10::Storage(std::move(known));
-  }
-  c10::Storage made(c10::Storage::use_byte_size_t(), storage->size(), data_ptr_over(storage), nullptr, false);
-  remember_torch_storage(*storage, made);
-  return made;
+  return made ? std::move(*made) : c10::Storage(std::move(known));
 }
 
 // A torch::Tensor over `storage`, viewed as given.
 at::Tensor tensor_over(const std::shared_ptr<forkpool::detail::Storage>& storage, std::int64_t byte_offset,
-                       std::span<const std::int64_t> shape, std::span<const std::int64_t> strides, DType dtype) {
-  c10::Storage shared = torch_storage_over(storage);
+                       std::span<const std::int64_t> shape, std::span<const std::int64_t> strides, DType dtype,
+                       Remember remember) {
+  // Validated already (a decoded view, or a forkpool::Tensor's): it fits in the storage.
+  std::size_t extent = forkpool::detail::view_extent(shape, strides, element_size(dtype)).value_or(storage->size());
+  c10::Storage shared = torch_storage_over(storage, static_cast<std::size_t>(byte_offset) + extent, remember);
   // Built as at::for_blob builds its tensor: no dispatched op (at::empty and set_ took about
   // a third of a small tensor's round trip).
   at::Tensor out =
@@ -139,7 +155,7 @@ bool is_shared(const at::Tensor& tensor) {
 at::Tensor from_forkpool(const Tensor& tensor) {
   const std::shared_ptr<forkpool::detail::Storage>& storage = tensor.storage();
   if (!storage || !storage->is_shared()) throw Error("forkpool-torch: from_forkpool needs a tensor in shared memory");
-  return tensor_over(storage, tensor.storage_offset(), tensor.shape(), tensor.strides(), tensor.dtype());
+  return tensor_over(storage, tensor.storage_offset(), tensor.shape(), tensor.strides(), tensor.dtype(), Remember::yes);
 }
 
 Tensor to_forkpool(const at::Tensor& tensor) {
@@ -175,7 +191,9 @@ at::Tensor& share_memory(at::Tensor& tensor) {
   if (bytes > 0) std::memcpy(block.raw_data(), storage.data(), bytes);
   // The storage itself moves: every tensor on it sees shared memory from here on.
   storage.unsafeGetStorageImpl()->set_data_ptr_noswap(data_ptr_over(block.storage()));
-  remember_torch_storage(*block.storage(), storage);
+  block.storage()->with_binding([&](forkpool::detail::Storage::Binding& binding) {
+    remember_torch_storage(binding, storage.unsafeGetStorageImpl());
+  });
   return tensor;
 }
 
@@ -221,7 +239,8 @@ at::Tensor codec<at::Tensor>::decode(Reader& r) {
   detail::decode_tensor_view(r, view);
   bool requires_grad = r.read<std::uint8_t>() != 0;
   if (!view.storage || !view.storage->is_shared()) r.fail("a torch::Tensor arrived without shared memory under it");
-  at::Tensor out = torch::tensor_over(view.storage, view.byte_offset, view.shape(), view.strides(), view.dtype);
+  at::Tensor out =
+      torch::tensor_over(view.storage, view.byte_offset, view.shape(), view.strides(), view.dtype, torch::Remember::no);
   if (requires_grad) out.requires_grad_(true);
   return out;
 }

@@ -79,9 +79,14 @@ class Storage {
   void notify_on_release(const std::shared_ptr<ReleaseListener>& listener);
 
   // One object a binding keeps per storage (forkpool-torch: a weak handle to the torch storage
-  // over these bytes, so that tensors of one block share it). `use(slot)` runs under the
-  // storage's lock; the slot starts empty and goes with the storage. Any thread. `use` must not
-  // let go of anything that may hold this storage.
+  // over these bytes, so that tensors of one block share it). `release(object)` runs when the
+  // storage goes; whoever replaces the object releases the old one.
+  struct Binding {
+    void* object = nullptr;
+    void (*release)(void*) noexcept = nullptr;
+  };
+  // Runs `use(binding)` under the storage's lock. Any thread. `use` must not let go of anything
+  // that may hold this storage.
   template <class F>
   decltype(auto) with_binding(F&& use) {
     std::lock_guard lock(mutex_);
@@ -114,7 +119,7 @@ class Storage {
   std::uint64_t id_;
   std::mutex mutex_;  // for listeners_ and binding_: a storage may be lent and used on several threads
   std::vector<std::weak_ptr<ReleaseListener>> listeners_;
-  std::shared_ptr<void> binding_;
+  Binding binding_;
 };
 
 }  // namespace forkpool::detail
