@@ -62,7 +62,7 @@ Tensor Tensor::empty(std::vector<std::int64_t> shape, DType dtype) {
   detail::TensorDims dims = detail::TensorDims::contiguous(shape);
   auto extent = detail::view_extent(dims.shape(), dims.strides(), element_size(dtype));
   if (!extent) throw std::invalid_argument("forkpool: Tensor shape has a negative or too large size");
-  // Made here, not by tensor_from_storage: the view fills its new storage exactly, so there is
+  // Made here, not by tensor_from_storage: the view fits the storage made for it, so there is
   // nothing to check twice.
   Tensor t;
   t.storage_ = detail::Storage::allocate(*extent);
