@@ -290,13 +290,10 @@ if torch_bench:
 
 # Hogwild (examples/torch_hogwild, run by run_all.sh): 2 processes on halves of the data against
 # 1 process on all of it, the same samples seen in all.
-hogwild = {}
-for processes in (1, 2):
-    m = re.search(r"hogwild: " + str(processes) + r" processes x \d+ steps in ([\d.]+) s: .*accuracy [\d.]+ -> ([\d.]+)",
-                  open(os.path.join(out, "hogwild.txt")).read() if os.path.exists(os.path.join(out, "hogwild.txt")) else "")
-    if m:
-        hogwild[processes] = (float(m.group(1)), float(m.group(2)))
-if 1 in hogwild and 2 in hogwild:
+hogwild = {p: (python_figure("hogwild.txt", rf"hogwild: {p} processes x \d+ steps in ([\d.]+) s"),
+               python_figure("hogwild.txt", rf"hogwild: {p} processes x .*accuracy [\d.]+ -> ([\d.]+)"))
+           for p in (1, 2)}
+if all(None not in figures for figures in hogwild.values()):
     (t1, a1), (t2, a2) = hogwild[1], hogwild[2]
     row("torch: hogwild, 2 processes vs 1 (same samples in all)", f"{t2:.2f} vs {t1:.2f} s",
         f"{t1 / t2:.2f}x faster; accuracy {a2:.3f} vs {a1:.3f} (target: as accurate, in less time)")
