@@ -35,8 +35,11 @@ namespace {
 constexpr std::size_t kJobsPerWorker = 2;
 constexpr std::size_t kMaxJobsPerWorker = 16;
 constexpr auto kShortJob = std::chrono::microseconds(50);
-// A cancel mark must outlive every job the worker may still take up (RunningSlot).
-static_assert(RunningSlot::kCancelMarks >= 2 * kMaxJobsPerWorker);
+// Submitted from plain code, as many as this go to each worker at once (PoolCoreImpl::window_of).
+constexpr std::size_t kDeepJobsPerWorker = 64;
+// A worker is sent no more once its jobs hold half the claim words (PoolWorker::has_claim_words_left):
+// a full window alone never comes to that.
+static_assert(kDeepJobsPerWorker < RunningSlot::kClaims / 2);
 // Workers in a row whose initializer threw before the pool gives up and fails its work with the
 // InitializerError (Python's pool would start new ones for ever).
 constexpr int kMaxInitializerFailures = 3;
@@ -61,7 +64,10 @@ std::unique_ptr<Launcher> make_launcher(const PoolOptions& options, const std::s
 
 }  // namespace
 
-class PoolCoreImpl final : public PoolCore, public WorkerEvents, public std::enable_shared_from_this<PoolCoreImpl> {
+class PoolCoreImpl final : public PoolCore,
+                           public WorkerEvents,
+                           public LeaveListener,
+                           public std::enable_shared_from_this<PoolCoreImpl> {
  public:
   PoolCoreImpl(PoolOptions options, std::string process_name, bool jobs_die_with_worker);
   void start_workers();
@@ -93,6 +99,7 @@ class PoolCoreImpl final : public PoolCore, public WorkerEvents, public std::ena
     flush_workers();
   }
   void worker_gone(const std::shared_ptr<PoolWorker>& worker) override;
+  void loop_left() noexcept override;
 
  private:
   // What becomes of a job that was in flight on a worker that is gone.
@@ -116,6 +123,18 @@ class PoolCoreImpl final : public PoolCore, public WorkerEvents, public std::ena
   void replenish();
   // Sends queued jobs to workers with room, and publishes them unless sends are held.
   void dispatch();
+  void send_queued();
+  // When the queue is empty and a worker is about to run dry while another holds jobs it has not
+  // taken up: moves the other's newest to the queue, for the one running dry. False: none moved.
+  bool take_back_for_idle();
+  // Takes back what workers were sent and have not taken up for work nobody wants any more (a
+  // map that failed), newest first: it is dropped as queued jobs are.
+  void take_back_abandoned();
+  // Whether jobs may move between this pool's workers: not when a worker's jobs are its own (a
+  // Process's, a rank's) or counted to retire it (maxtasksperchild).
+  bool jobs_may_move() const noexcept { return !jobs_die_with_worker_ && options_.maxtasksperchild == 0; }
+  std::size_t window_of(const PoolWorker& worker) const noexcept;
+  bool may_take(const PoolWorker& worker) const noexcept;
   void prefetch_ahead() const noexcept;
   void flush_workers() noexcept;
   // The live worker to send `job` to now (one of workers_): its pinned one, else the least busy
@@ -126,6 +145,7 @@ class PoolCoreImpl final : public PoolCore, public WorkerEvents, public std::ena
   void stop_running_job(PoolWorker& worker, std::uint64_t id, std::exception_ptr reason);
   Task<void> enforce_task_timeout();
 
+  Loop& loop_ = Loop::current();  // its thread's: a pool belongs to the thread that made it
   PoolOptions options_;
   std::string process_name_;   // non-empty: the workers are Processes
   bool jobs_die_with_worker_;  // PoolCore::create
@@ -206,6 +226,7 @@ void PoolCoreImpl::start_workers() {
   seed_base_ = pool_seed_base(options_.seed);
   launch_workers(processes_);
   if (options_.task_timeout > std::chrono::nanoseconds::zero()) background_.start(enforce_task_timeout());
+  LoopInternals::add_leave_listener(loop_, shared_from_this());
 }
 
 // The lowest id no live worker holds, nor one being started (`starting`): a replacement takes
@@ -304,16 +325,28 @@ std::size_t PoolCoreImpl::jobs_wanted() const noexcept {
   return std::max(wanted, kJobsPerWorker * static_cast<std::size_t>(processes_));
 }
 
+bool PoolCoreImpl::may_take(const PoolWorker& worker) const noexcept {
+  return !worker.schedule.retiring && !worker.write_closed() && !worker.failure() && !worker.exited();
+}
+
+// Submitted from plain code (the loop not driven: the program may compute for a while before it
+// waits), a worker is given as many jobs as it may hold, so that all of it runs meanwhile, as
+// Python's pool keeps working in its threads. take_back_for_idle() evens out what that sent.
+std::size_t PoolCoreImpl::window_of(const PoolWorker& worker) const noexcept {
+  if (jobs_may_move() && !LoopInternals::driving(loop_)) return kDeepJobsPerWorker;
+  return worker.schedule.window;
+}
+
 PoolWorker* PoolCoreImpl::pick_worker(const Job& job) {
   PoolWorker* best = nullptr;
   for (auto& w : workers_) {
-    if (w->schedule.retiring || w->write_closed() || w->failure() || w->exited()) continue;
+    if (!may_take(*w)) continue;
     // A pinned job's stream bounds what it sends (its prefetch), not the worker's window.
     if (job.pinned_worker >= 0) {
       if (w->index() == job.pinned_worker) return w.get();
       continue;
     }
-    if (w->in_flight().size() >= w->schedule.window) continue;
+    if (w->in_flight().size() >= window_of(*w) || !w->has_claim_words_left()) continue;
     if (!best || w->in_flight().size() < best->in_flight().size()) best = w.get();
   }
   return best;
@@ -325,6 +358,15 @@ void PoolCoreImpl::flush_workers() noexcept {
 
 void PoolCoreImpl::dispatch() {
   if (terminated_) return;
+  take_back_abandoned();
+  do send_queued();
+  while (queue_.empty() && take_back_for_idle());
+  if (closed_)
+    for (auto& w : workers_) retire_if_idle(*w);
+  if (sends_held_ == 0) flush_workers();  // held: release_sends() publishes
+}
+
+void PoolCoreImpl::send_queued() {
   while (!queue_.empty()) {
     prefetch_ahead();
     if (queue_.front()->sink->abandoned()) {
@@ -343,11 +385,56 @@ void PoolCoreImpl::dispatch() {
       if (options_.task_timeout > std::chrono::nanoseconds::zero()) schedule.running_since = Clock::now();
     }
     if (options_.maxtasksperchild > 0 && ++schedule.assigned >= options_.maxtasksperchild) schedule.retiring = true;
-    worker->send(++next_request_id_, std::move(job));
+    std::uint64_t id = ++next_request_id_;
+    while (!worker->claim_word_free(id)) id = ++next_request_id_;
+    worker->send(id, std::move(job));
   }
-  if (closed_)
-    for (auto& w : workers_) retire_if_idle(*w);
-  if (sends_held_ == 0) flush_workers();  // held: release_sends() publishes
+}
+
+// The program goes back to its own code, and may compute for a while: what waits in the queue
+// goes to the workers now, as much as they may hold (window_of), since nothing sends it until
+// the program calls in again.
+void PoolCoreImpl::loop_left() noexcept {
+  if (queue_.empty() || terminated_ || !in_owner_process()) return;
+  try {
+    dispatch();
+  } catch (...) {
+    // What could not be sent stays queued: the next turn of the loop sends it.
+  }
+}
+
+void PoolCoreImpl::take_back_abandoned() {
+  if (!jobs_may_move()) return;
+  for (auto& w : workers_)
+    while (!w->in_flight().empty() && w->in_flight().back().second->sink->abandoned())
+      if (!w->withdraw_newest()) break;  // taken up: it runs, and its result is dropped
+}
+
+// A worker left with one job or none, while another has two or more it has not taken up behind
+// the one it runs (a long job holding up short ones, or a deep send from plain code): half the
+// difference moves, as much as the idle one may take, newest first. The busy worker skips what
+// was taken back (RunningSlot::withdraw): a job runs once, wherever it runs.
+bool PoolCoreImpl::take_back_for_idle() {
+  if (!jobs_may_move() || workers_.size() < 2) return false;
+  PoolWorker* idle = nullptr;
+  PoolWorker* busiest = nullptr;
+  for (auto& w : workers_) {
+    std::size_t held = w->in_flight().size();
+    if (may_take(*w) && held < kJobsPerWorker && (!idle || held < idle->in_flight().size())) idle = w.get();
+    if (!w->exited() && !w->schedule.stopped_job && (!busiest || held > busiest->in_flight().size())) busiest = w.get();
+  }
+  if (!idle || !busiest || idle == busiest) return false;
+  std::size_t gap = busiest->in_flight().size() - idle->in_flight().size();
+  if (gap < 2) return false;
+  std::size_t moves = std::min(gap / 2, window_of(*idle) - idle->in_flight().size());
+  std::deque<std::shared_ptr<Job>> taken;  // oldest first, as they were queued
+  for (; moves > 0; --moves) {
+    std::shared_ptr<Job> job = busiest->withdraw_newest();
+    if (!job) break;
+    taken.push_front(std::move(job));
+  }
+  queue_.insert(queue_.begin(), taken.begin(), taken.end());
+  return !taken.empty();
 }
 
 // Jobs wait in the queue long enough to leave the cache (100,000 submitted at once: tens of
@@ -479,14 +566,15 @@ void PoolCoreImpl::worker_gone(const std::shared_ptr<PoolWorker>& worker) {
 void PoolCoreImpl::cancel(const JobSink* sink) {
   if (terminated_) return;
   for (auto& w : workers_) {
-    RunningSlot& slot = w->slot();
-    for (auto& [id, job] : w->in_flight()) {
-      if (job->sink.get() != sink) continue;
-      slot.mark_cancelled(id);  // first (see RunningSlot): not yet taken up, it is skipped
-      if (slot.request_id.load() == id) stop_running_job(*w, id, nullptr);
+    std::vector<std::uint64_t> ids;
+    for (auto& [id, job] : w->in_flight())
+      if (job->sink.get() == sink) ids.push_back(id);
+    for (std::uint64_t id : ids) {
+      if (w->withdraw(id)) continue;                                             // not taken up: it never runs
+      if (w->slot().request_id.load() == id) stop_running_job(*w, id, nullptr);  // else it has finished
     }
   }
-  dispatch();  // drops its queued jobs
+  dispatch();  // drops its queued jobs, and sends others to the workers withdrawing made room in
 }
 
 void PoolCoreImpl::stop_running_job(PoolWorker& worker, std::uint64_t id, std::exception_ptr reason) {

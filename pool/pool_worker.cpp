@@ -113,6 +113,39 @@ void PoolWorker::send(std::uint64_t id, std::shared_ptr<Job> job) {
   if (!sending_) background_->start(send_outbox(shared_from_this()));
 }
 
+std::shared_ptr<Job> PoolWorker::withdraw(std::uint64_t id) {
+  auto it = find_in_flight(id);
+  if (it == in_flight_.end() || exited() || !slot().withdraw(id)) return nullptr;
+  withdrawn_.push_back(id);
+  std::shared_ptr<Job> job = std::move(it->second);
+  in_flight_.erase(it);
+  link_->set_expecting(!in_flight_.empty());
+  return job;
+}
+
+std::shared_ptr<Job> PoolWorker::withdraw_newest() {
+  if (in_flight_.empty() || in_flight_.back().second->pinned_worker >= 0) return nullptr;
+  return withdraw(in_flight_.back().first);
+}
+
+bool PoolWorker::claim_word_free(std::uint64_t id) const noexcept {
+  auto same_word = [id](std::uint64_t other) {
+    return RunningSlot::claim_index(other) == RunningSlot::claim_index(id);
+  };
+  // The usual case at a glance: ids rise, so those within the last kClaims use other words.
+  if (withdrawn_.empty() && (in_flight_.empty() || id - in_flight_.front().first < RunningSlot::kClaims)) return true;
+  return std::none_of(withdrawn_.begin(), withdrawn_.end(), same_word) &&
+         std::none_of(in_flight_.begin(), in_flight_.end(), [&](const auto& entry) { return same_word(entry.first); });
+}
+
+bool PoolWorker::has_claim_words_left() noexcept {
+  if (withdrawn_.empty()) return true;  // in flight: a window, far below
+  // Passed: the worker stores the id of each message it reads before it looks at the claim.
+  std::uint64_t read = slot().request_id.load(std::memory_order_relaxed);
+  std::erase_if(withdrawn_, [read](std::uint64_t id) { return id <= read; });
+  return in_flight_.size() + withdrawn_.size() < RunningSlot::kClaims / 2;
+}
+
 PoolWorker::InFlight::iterator PoolWorker::find_in_flight(std::uint64_t id) {
   return std::find_if(in_flight_.begin(), in_flight_.end(), [id](const auto& entry) { return entry.first == id; });
 }
@@ -310,6 +343,7 @@ void PoolWorker::handle_reply(Message& message) {
   in_flight_.erase(it);
   link_->set_expecting(!in_flight_.empty());
   last_replied_ = std::max(last_replied_, message.request_id);
+  std::erase_if(withdrawn_, [this](std::uint64_t id) { return id < last_replied_; });  // read past
   bool served = deliver(*job, message);
   job.reset();                                      // may let go of blocks
   send_release_now(ParentLink::Publish::at_flush);  // with any the socket could not take earlier

@@ -33,22 +33,16 @@ void send_release(WorkerLink& link, PeerMemory& memory) {
     link.send(kReleaseMessage, 0, release.encode().bytes());
 }
 
-// Throws ProtocolError when the message's blocks are not valid: the conversation is broken.
+// Throws ProtocolError when the message's blocks are not valid: the conversation is broken. A
+// task the parent withdrew (RunningSlot) is read and not run.
 void serve_task(WorkerLink& link, Message& task, PeerMemory& memory, RunningSlot& running,
                 const ObjectTranslation& objects, const WorkerSpec& spec) {
-  // Taken up from here: a crash while decoding is this task's too, never the next one's.
+  // Taken up from here, unless withdrawn: a crash while decoding is this task's too, never the
+  // next one's.
   running.element.store(0, std::memory_order_relaxed);
-  running.request_id.store(task.request_id);  // seq_cst: ordered before the cancel marks are read (RunningSlot)
+  running.request_id.store(task.request_id);  // before the claim: the parent reads it after (RunningSlot)
   TaskCall call = read_task(task, memory);
-  if (running.is_cancelled(task.request_id)) {
-    // Cancelled after it was sent: not run. (The parent has failed it already.)
-    try {
-      throw Cancelled();
-    } catch (...) {
-      link.send(kErrorMessage, task.request_id, encode_current_exception().bytes());
-    }
-    return;
-  }
+  if (!running.take_up(task.request_id)) return;  // runs elsewhere, or nowhere: its blocks go home
   OutgoingBlocks reply;
   Writer out(&reply);
   out.buffer() = take_spare_buffer();
@@ -161,6 +155,7 @@ void worker_main(const WorkerSpec& spec, int index, pid_t parent, UniqueFd chann
       if (message.kind != kTaskMessage)
         throw ProtocolError("forkpool: the parent sent a message of unknown kind " + std::to_string(message.kind));
       // Everything the task made is destroyed before the next one starts.
+      // A task withdrawn counts too: the parent counted it when it sent it.
       serve_task(link, message, *memory, running, objects, spec);
       if (spec.maxtasksperchild > 0 && ++served >= spec.maxtasksperchild) break;
     }

@@ -163,6 +163,19 @@ void detail::LoopInternals::start(Loop& loop, Operation* op) {
   if (!loop.in_turn_) loop.backend_->flush();
 }
 
+detail::LoopInternals::DriveGuard::~DriveGuard() {
+  loop_.driving_ = false;
+  auto& listeners = loop_.leave_listeners_;
+  std::erase_if(listeners, [](const std::weak_ptr<LeaveListener>& l) { return l.expired(); });
+  // By index: a listener may add another (a pool made on the way) while it is told.
+  for (std::size_t i = 0; i < listeners.size(); ++i)
+    if (std::shared_ptr<LeaveListener> listener = listeners[i].lock()) listener->loop_left();
+}
+
+void detail::LoopInternals::add_leave_listener(Loop& loop, std::weak_ptr<LeaveListener> listener) {
+  loop.leave_listeners_.push_back(std::move(listener));
+}
+
 void detail::LoopInternals::add_spinner(Loop& loop, Spinner* spinner) { loop.spinners_.push_back(spinner); }
 
 void detail::LoopInternals::remove_spinner(Loop& loop, Spinner* spinner) noexcept {

@@ -18,6 +18,7 @@ namespace forkpool {
 namespace detail {
 class Backend;
 class Spinner;
+class LeaveListener;
 struct LoopInternals;
 }  // namespace detail
 
@@ -66,6 +67,7 @@ class Loop {
   bool in_turn_ = false;
   Scope finishing_;                         // work run() and ~Loop wait for (a destroyed pool's workers being reaped)
   std::vector<detail::Spinner*> spinners_;  // polled before a blocking turn sleeps
+  std::vector<std::weak_ptr<detail::LeaveListener>> leave_listeners_;  // told when a drive ends
 };
 
 namespace detail {

@@ -81,6 +81,19 @@ TEST_F(ControlTest, CancellingAQueuedTaskDropsItAndItNeverRuns) {
   EXPECT_EQ(pool.worker_pids().at(0), worker);  // skipped, not killed
 }
 
+// A worker that retires after maxtasksperchild counts a task it skipped because it was
+// cancelled, as the pool counted it when it sent it: the worker leaves, and its replacement runs
+// what comes next.
+TEST_F(ControlTest, ACancelledTaskCountsTowardMaxtasksperchildAndTheReplacementServes) {
+  Pool pool({.processes = 1, .maxtasksperchild = 2});
+  auto first = pool.apply_async(sleep_ms, 200);
+  auto second = pool.apply_async(count_then_sleep_ms, 5000);  // sent behind the first
+  second.cancel();
+  EXPECT_EQ(first.get(), 200);
+  EXPECT_EQ(pool.apply_async(square, 7).get(5s), 49);
+  EXPECT_EQ(shared()->calls.load(), 0);
+}
+
 // cancel() checks the calling thread before anything else: from another thread it throws and
 // the task runs on to its result, which no one has failed (nor resumed an awaiter for).
 TEST_F(ControlTest, ACancelFromAnotherThreadThrowsAndChangesNothing) {

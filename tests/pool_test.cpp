@@ -47,6 +47,8 @@ struct Shared {
   std::atomic<int> initializer_runs;
   std::atomic<int> running_pid;
   std::atomic<int> slot_forger_runs;
+  std::atomic<int> runs[4096];       // by task: how often it ran
+  std::atomic<int> pid_of_task[64];  // by task: the worker that ran it
 };
 Shared* shared() { return &test_support::shared_across_forks<Shared>(); }
 std::atomic<int>& slot_forger_runs() { return shared()->slot_forger_runs; }
@@ -73,6 +75,20 @@ int die_in_first_worker_attempt(int x) {
   return x * 10;
 }
 void count_initializer() { shared()->initializer_runs.fetch_add(1); }
+// Counts its run, notes its worker, then sleeps `ms`: returns its task number.
+int count_run_then_sleep(int task, int ms) {
+  shared()->runs[task].fetch_add(1);
+  if (task < 64) shared()->pid_of_task[task].store(getpid());
+  std::this_thread::sleep_for(std::chrono::microseconds(ms * 1000));
+  return task;
+}
+// Counts its run, then spins for `us` microseconds (shorter than a sleep can be).
+int count_run_then_spin(int task, int us) {
+  shared()->runs[task].fetch_add(1);
+  auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(us);
+  while (std::chrono::steady_clock::now() < until) {}
+  return task;
+}
 std::string describe(std::string name, int times) {
   std::string out;
   for (int i = 0; i < times; ++i) out += name;
@@ -208,6 +224,8 @@ class PoolTest : public ::testing::TestWithParam<StartMethod> {
     shared()->initializer_runs = 0;
     shared()->running_pid = 0;
     shared()->slot_forger_runs = 0;
+    for (auto& r : shared()->runs) r = 0;
+    for (auto& p : shared()->pid_of_task) p = 0;
   }
   PoolOptions options(int processes = 2) { return {.processes = processes, .start_method = GetParam()}; }
 };
@@ -311,6 +329,82 @@ TEST_P(PoolTest, AProgramThatOnlyPollsReadySeesAllItsWorkFinish) {
   }
   EXPECT_EQ(ready, results.size()) << "polling ready() alone never saw the work end";
   for (const AsyncResult<int>& r : results) EXPECT_EQ(r.get(0ms), 1);
+}
+
+// Work given from plain code runs while the program computes without calling forkpool at all,
+// as Python's pool works on in its threads: each worker is sent all it may hold at once.
+TEST_P(PoolTest, WorkGivenFromPlainCodeRunsWhileTheProgramComputes) {
+  Pool pool(options());
+  constexpr int kTasks = 24;  // twelve 10 ms tasks a worker: 0.12 s of work for each
+  std::vector<AsyncResult<int>> results;
+  for (int i = 0; i < kTasks; ++i) results.push_back(pool.apply_async(count_run_then_sleep, i, 10));
+  auto all_ran = [] {
+    for (int i = 0; i < kTasks; ++i)
+      if (shared()->runs[i].load() == 0) return false;
+    return true;
+  };
+  // The program's own work: it reads shared memory and sleeps, and calls nothing of forkpool's.
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (!all_ran() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+  int ran = 0;
+  for (int i = 0; i < kTasks; ++i) ran += shared()->runs[i].load() > 0 ? 1 : 0;
+  EXPECT_EQ(ran, kTasks) << "only the jobs sent before the program went computing ran";
+  for (int i = 0; i < kTasks; ++i) EXPECT_EQ(results[i].get(), i);
+}
+
+// More than the workers may hold at once: what is still queued when a wait returns goes out
+// then, so it too runs while the program computes.
+TEST_P(PoolTest, WorkStillQueuedWhenAWaitReturnsRunsWhileTheProgramComputes) {
+  Pool pool(options());
+  constexpr int kTasks = 160;  // 1 ms each; two workers are sent 64 each at first
+  std::vector<AsyncResult<int>> results;
+  for (int i = 0; i < kTasks; ++i) results.push_back(pool.apply_async(count_run_then_sleep, i, 1));
+  EXPECT_EQ(results[40].get(), 40);
+  auto ran = [] {
+    int count = 0;
+    for (int i = 0; i < kTasks; ++i) count += shared()->runs[i].load() > 0 ? 1 : 0;
+    return count;
+  };
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (ran() < kTasks && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(ran(), kTasks) << "the jobs queued when the wait returned waited for the next call";
+  for (int i = 0; i < kTasks; ++i) EXPECT_EQ(results[i].get(), i);
+}
+
+// A long task holds up the jobs sent to its worker behind it; once the other worker has run
+// dry, it takes them over. Nothing runs twice.
+TEST_P(PoolTest, AWorkerThatRunsDryTakesOverJobsWaitingBehindAnothersLongTask) {
+  Pool pool(options());
+  constexpr int kTasks = 16;
+  std::vector<AsyncResult<int>> results;
+  results.push_back(pool.apply_async(count_run_then_sleep, 0, 1000));
+  for (int i = 1; i < kTasks; ++i) results.push_back(pool.apply_async(count_run_then_sleep, i, 10));
+  for (int i = 0; i < kTasks; ++i) EXPECT_EQ(results[i].get(), i);
+  pid_t long_task_worker = shared()->pid_of_task[0].load();
+  int on_that_worker = 0;
+  for (int i = 0; i < kTasks; ++i) {
+    EXPECT_EQ(shared()->runs[i].load(), 1) << "task " << i;
+    on_that_worker += shared()->pid_of_task[i].load() == long_task_worker ? 1 : 0;
+  }
+  // 15 short tasks take the other worker 0.15 s of the long task's 1 s.
+  EXPECT_EQ(on_that_worker, 1) << "jobs waited behind the long task while the other worker was idle";
+}
+
+// Taking a job back races with the worker taking it up: whichever wins, the job runs once and
+// its result arrives. Tasks of uneven lengths, given in bursts from plain code and awaited in
+// between, move between workers many times.
+TEST_P(PoolTest, NoTaskRunsTwiceOrIsLostWhileJobsMoveBetweenWorkers) {
+  Pool pool(options());
+  constexpr int kRounds = 40, kPerRound = 32;
+  for (int round = 0; round < kRounds; ++round) {
+    std::vector<AsyncResult<int>> results;
+    for (int i = 0; i < kPerRound; ++i) {
+      int task = round * kPerRound + i;
+      results.push_back(pool.apply_async(count_run_then_spin, task, (task * 7919) % 13 == 0 ? 2000 : (task % 5) * 20));
+    }
+    for (int i = 0; i < kPerRound; ++i) ASSERT_EQ(results[i].get(), round * kPerRound + i);
+  }
+  for (int task = 0; task < kRounds * kPerRound; ++task) ASSERT_EQ(shared()->runs[task].load(), 1) << "task " << task;
 }
 
 // Inside a coroutine the loop is already running: ready() only looks (it neither throws nor

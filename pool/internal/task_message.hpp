@@ -71,22 +71,34 @@ enum MessageKind : std::uint16_t {
 // order, so after its death a job in flight with a higher id never started; one with this id or
 // lower ran (its reply, if sent, was unreadable).
 //
-// Cancelling a job the worker has been sent but not taken up: the parent marks its id in
-// `cancelled` and then reads `request_id`; the worker stores `request_id` and then looks for a
-// mark. Either the worker sees the mark and skips the job (replying Cancelled), or the parent
-// sees the job taken up and stops the worker. (A worker has at most a few jobs in flight, so a
-// small ring of marks is never overwritten while one is still wanted.)
+// A job sent and not taken up can be withdrawn: moved to another worker (the pool evens out its
+// workers' queues), dropped (its map failed) or cancelled. One of the two sides wins, never both:
+// the worker stores `request_id`, then takes the job up by exchanging its claim word for
+// kTaken|id; the parent withdraws it by a compare-exchange to kWithdrawn|id, which fails once the
+// worker has taken it. A withdrawn job's message is still read by the worker, and skipped without
+// a reply. When withdrawing fails, `request_id` (stored before the exchange the parent saw) says
+// whether the job is running now (cancel then stops the worker) or has finished.
+//
+// Claim words are reused: the parent never gives two unsettled jobs of one worker (in flight, or
+// withdrawn and not yet passed by the worker) the same one (PoolWorker::claim_word_free).
 struct RunningSlot {
-  static constexpr std::size_t kCancelMarks = 32;  // pool_core.cpp: twice the most jobs a worker holds
+  static constexpr std::size_t kClaims = 256;  // pool_core.cpp: more than twice the most jobs a worker holds
+  static constexpr std::uint64_t kTaken = 1ull << 63;
+  static constexpr std::uint64_t kWithdrawn = 1ull << 62;
   std::atomic<std::uint64_t> request_id;
   std::atomic<std::uint64_t> element;  // of that task's chunk: the one being called
-  std::atomic<std::uint64_t> next_mark;
-  std::atomic<std::uint64_t> cancelled[kCancelMarks];
+  std::atomic<std::uint64_t> claims[kClaims];
 
-  void mark_cancelled(std::uint64_t id) noexcept { cancelled[next_mark++ % kCancelMarks].store(id); }
-  bool is_cancelled(std::uint64_t id) const noexcept {
-    for (const auto& mark : cancelled)
-      if (mark.load() == id) return true;
+  static std::size_t claim_index(std::uint64_t id) noexcept { return id % kClaims; }
+  // The worker, after storing `request_id`: true when it may run job `id`, false when the
+  // parent withdrew it.
+  bool take_up(std::uint64_t id) noexcept { return claims[claim_index(id)].exchange(kTaken | id) != (kWithdrawn | id); }
+  // The parent: true when the worker will not run job `id` (it had not taken it up).
+  bool withdraw(std::uint64_t id) noexcept {
+    std::atomic<std::uint64_t>& word = claims[claim_index(id)];
+    std::uint64_t seen = word.load();
+    while (seen != (kTaken | id))
+      if (word.compare_exchange_weak(seen, kWithdrawn | id)) return true;
     return false;
   }
 };

@@ -105,6 +105,19 @@ class PoolWorker : public std::enable_shared_from_this<PoolWorker> {
   // alone (job_finished with served false). It may wait in the ring until flush(): the core
   // sends a batch, then flushes once.
   void send(std::uint64_t id, std::shared_ptr<Job> job);
+  // Takes back job `id` if the worker has not taken it up (RunningSlot: the worker then skips
+  // it without a reply), to run elsewhere or not at all. Null when it is not in flight here or
+  // already taken up.
+  std::shared_ptr<Job> withdraw(std::uint64_t id);
+  // The same for its newest job (a job pinned to it stays).
+  std::shared_ptr<Job> withdraw_newest();
+  // Whether request `id` may be sent to it: no job of its that is unsettled (in flight, or
+  // withdrawn and not yet passed by the worker) shares its claim word.
+  bool claim_word_free(std::uint64_t id) const noexcept;
+  // Whether it may be sent a job more: at most half the claim words are unsettled, so a free one
+  // is found at once. (Only a worker held up in a task, with many jobs withdrawn from behind it,
+  // comes near.)
+  bool has_claim_words_left() noexcept;
   // Publishes what send() left in the ring, waking the worker if it sleeps.
   void flush() noexcept;
   // Tells the worker to exit once it has read what it was sent.
@@ -159,6 +172,9 @@ class PoolWorker : public std::enable_shared_from_this<PoolWorker> {
   Mapping running_slot_;                   // RunningSlot: which job it has taken up
   InFlight in_flight_;
   InFlight::iterator find_in_flight(std::uint64_t id);
+  // Jobs withdrawn whose messages the worker may not have read yet: it answers a later one once
+  // it has (their claim words stay taken until then).
+  std::vector<std::uint64_t> withdrawn_;
   // Jobs to send, in order: a job may rely on a slab an earlier one introduced, and two sends in
   // flight at once could overtake each other when the socket is full.
   std::deque<std::pair<std::uint64_t, std::shared_ptr<Job>>> outbox_;

@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 
@@ -11,6 +12,17 @@
 #include <forkpool/runtime/loop.hpp>
 
 namespace forkpool::detail {
+
+// Told when a drive of its loop ends (run(), a blocking wait, run_ready()): the program goes
+// back to its own code, and nothing turns the loop until it calls in again. Called on the
+// loop's thread, with the loop no longer driven.
+class LeaveListener {
+ public:
+  virtual void loop_left() noexcept = 0;
+
+ protected:
+  ~LeaveListener() = default;
+};
 
 struct LoopInternals {
   // Hands `op` to the kernel (queued if the ring is full); it completes through its callback.
@@ -33,6 +45,8 @@ struct LoopInternals {
   // `spinner` is polled before every blocking turn sleeps, until removed. Loop thread only.
   static void add_spinner(Loop& loop, Spinner* spinner);
   static void remove_spinner(Loop& loop, Spinner* spinner) noexcept;
+  // `listener` is told of each drive's end while it lives. Loop thread only.
+  static void add_leave_listener(Loop& loop, std::weak_ptr<LeaveListener> listener);
   // run() and ~Loop drive the loop until `task` has ended: work that must not be cut short when
   // the program's main task ends (a destroyed pool's workers being reaped).
   static void finish_before_return(Loop& loop, Task<void> task) { loop.finishing_.start(std::move(task)); }
@@ -44,7 +58,7 @@ struct LoopInternals {
   class DriveGuard {
    public:
     DriveGuard(Loop& loop, const char* who);
-    ~DriveGuard() { loop_.driving_ = false; }
+    ~DriveGuard();  // tells the leave listeners
     DriveGuard(const DriveGuard&) = delete;
     DriveGuard& operator=(const DriveGuard&) = delete;
 
