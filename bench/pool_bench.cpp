@@ -93,6 +93,30 @@ void BM_ApplyAsync100kInFlight(benchmark::State& state) {
 }
 BENCHMARK(BM_ApplyAsync100kInFlight)->ArgsProduct({{0, 1}, {1, 2}})->UseRealTime()->Unit(benchmark::kMillisecond);
 
+int sleep_10ms(int x) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  return x;
+}
+
+// Work given from plain code while the program computes without calling forkpool: 100 tasks of
+// 10 ms on 2 workers, then 500 ms of the program's own computing, then every result. The time
+// from the first submit to the last result: 0.5 s when the work ran meanwhile, 1 s when only what
+// the workers took at first did. Peer: py_overlap.py.
+void BM_WorkWhileTheProgramComputes(benchmark::State& state) {
+  fp::Pool pool({.processes = 2});
+  pool.apply_async(sleep_10ms, 0).get();
+  for (auto _ : state) {
+    auto start = std::chrono::steady_clock::now();
+    std::vector<fp::AsyncResult<int>> results;
+    for (int i = 0; i < 100; ++i) results.push_back(pool.apply_async(sleep_10ms, i));
+    double computed = 0;
+    while (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(500))
+      benchmark::DoNotOptimize(computed += 1.0);
+    for (auto& r : results) benchmark::DoNotOptimize(r.get());
+  }
+}
+BENCHMARK(BM_WorkWhileTheProgramComputes)->Iterations(1)->Repetitions(3)->UseRealTime()->Unit(benchmark::kMillisecond);
+
 // imap at chunksize 1 over 100,000 items: items per second. Args: spin_arg, workers.
 void BM_ImapChunksize1(benchmark::State& state) {
   fp::PoolOptions options{.processes = static_cast<int>(state.range(1))};

@@ -30,6 +30,7 @@ if [ -d "$anchors" ]; then
   echo "== Python peers" >&2
   (cd "$anchors" && /usr/bin/python3 py_pool.py) | tee "$out/py_pool.txt" >&2
   /usr/bin/python3 "$(dirname "$0")/py_start.py" | tee "$out/py_start.txt" >&2
+  /usr/bin/python3 "$(dirname "$0")/py_overlap.py" | tee "$out/py_overlap.txt" >&2
   if /usr/bin/python3 -c "import torch" 2>/dev/null; then
     (cd "$anchors" && /usr/bin/python3 py_torch.py) | tee "$out/py_torch.txt" >&2
     (cd "$anchors" && /usr/bin/python3 py_dataloader.py) | tee "$out/py_dataloader.txt" >&2
