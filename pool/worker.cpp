@@ -40,7 +40,8 @@ void serve_task(WorkerLink& link, Message& task, PeerMemory& memory, RunningSlot
   // Taken up from here, unless withdrawn: a crash while decoding is this task's too, never the
   // next one's.
   running.element.store(0, std::memory_order_relaxed);
-  running.request_id.store(task.request_id);  // before the claim: the parent reads it after (RunningSlot)
+  // Before the claim, whose exchange publishes it: the parent reads it after it saw the claim.
+  running.request_id.store(task.request_id, std::memory_order_relaxed);
   TaskCall call = read_task(task, memory);
   if (!running.take_up(task.request_id)) return;  // runs elsewhere, or nowhere: its blocks go home
   OutgoingBlocks reply;
