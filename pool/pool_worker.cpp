@@ -140,9 +140,10 @@ bool PoolWorker::claim_word_free(std::uint64_t id) const noexcept {
 
 bool PoolWorker::has_claim_words_left() noexcept {
   if (withdrawn_.empty()) return true;  // in flight: a window, far below
-  // Passed: the worker stores the id of each message it reads before it looks at the claim.
-  std::uint64_t read = slot().request_id.load(std::memory_order_relaxed);
-  std::erase_if(withdrawn_, [read](std::uint64_t id) { return id <= read; });
+  // Passed: the worker stores the id of each task message before it exchanges that task's claim
+  // word, so one it stored a later id for has been settled (an equal one may not be yet).
+  std::uint64_t read = slot().request_id.load(std::memory_order_acquire);
+  std::erase_if(withdrawn_, [read](std::uint64_t id) { return id < read; });
   return in_flight_.size() + withdrawn_.size() < RunningSlot::kClaims / 2;
 }
 

@@ -41,7 +41,8 @@ void serve_task(WorkerLink& link, Message& task, PeerMemory& memory, RunningSlot
   // next one's.
   running.element.store(0, std::memory_order_relaxed);
   // Before the claim, whose exchange publishes it: the parent reads it after it saw the claim.
-  running.request_id.store(task.request_id, std::memory_order_relaxed);
+  // (Release: a parent that reads a later id sees this job's claim settled.)
+  running.request_id.store(task.request_id, std::memory_order_release);
   TaskCall call = read_task(task, memory);
   if (!running.take_up(task.request_id)) return;  // runs elsewhere, or nowhere: its blocks go home
   OutgoingBlocks reply;
