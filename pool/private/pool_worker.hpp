@@ -69,6 +69,50 @@ class CodeObjects {
   std::unordered_map<std::uint64_t, std::optional<LoadedObject>> by_address_;
 };
 
+// Jobs sent to a worker and not answered, oldest first (ids rise in sending order). Answers come
+// oldest first as a rule: answering the oldest moves nothing (a deep window holds 64 jobs), and a
+// worker given one job at a time allocates nothing.
+class JobsInFlight {
+ public:
+  using Entry = std::pair<std::uint64_t, std::shared_ptr<Job>>;
+  using iterator = std::vector<Entry>::iterator;
+  using const_iterator = std::vector<Entry>::const_iterator;
+
+  iterator begin() noexcept { return entries_.begin() + static_cast<std::ptrdiff_t>(head_); }
+  iterator end() noexcept { return entries_.end(); }
+  const_iterator begin() const noexcept { return entries_.begin() + static_cast<std::ptrdiff_t>(head_); }
+  const_iterator end() const noexcept { return entries_.end(); }
+  std::size_t size() const noexcept { return entries_.size() - head_; }
+  bool empty() const noexcept { return entries_.size() == head_; }
+  Entry& front() noexcept { return entries_[head_]; }
+  const Entry& front() const noexcept { return entries_[head_]; }
+  Entry& back() noexcept { return entries_.back(); }
+  void emplace_back(std::uint64_t id, std::shared_ptr<Job> job) { entries_.emplace_back(id, std::move(job)); }
+  void erase(iterator it) {
+    if (it != begin()) {
+      entries_.erase(it);
+    } else if (++head_ == entries_.size()) {
+      clear();
+    } else {
+      it->second.reset();
+      // The answered front is moved out once it is half the list: a move per answer at most.
+      if (head_ >= kCompactFrom && 2 * head_ >= entries_.size()) {
+        entries_.erase(entries_.begin(), begin());
+        head_ = 0;
+      }
+    }
+  }
+  void clear() noexcept {
+    entries_.clear();
+    head_ = 0;
+  }
+
+ private:
+  static constexpr std::size_t kCompactFrom = 16;
+  std::vector<Entry> entries_;
+  std::size_t head_ = 0;  // entries before it are answered
+};
+
 // What the scheduler (the pool core) notes about a worker; the conversation never reads it.
 struct WorkerSchedule {
   int assigned = 0;                 // jobs given to it (maxtasksperchild)
@@ -137,9 +181,7 @@ class PoolWorker : public std::enable_shared_from_this<PoolWorker> {
   const std::exception_ptr& failure() const noexcept { return failure_; }
   const std::exception_ptr& initializer_error() const noexcept { return initializer_error_; }
   const ExitStatus& status() const noexcept { return status_; }
-  // Jobs sent and not answered, oldest first (ids rise in sending order). A few at most (the
-  // core's kJobsPerWorker): a flat list, so sending a job allocates nothing.
-  using InFlight = std::vector<std::pair<std::uint64_t, std::shared_ptr<Job>>>;
+  using InFlight = JobsInFlight;
   InFlight& in_flight() noexcept { return in_flight_; }
   std::uint64_t last_replied() const noexcept { return last_replied_; }
   RunningSlot& slot() const noexcept { return *reinterpret_cast<RunningSlot*>(running_slot_.data()); }
