@@ -398,9 +398,7 @@ void PoolCoreImpl::loop_left() noexcept {
   if (queue_.empty() || terminated_ || !in_owner_process()) return;
   // In batches: a program that gets its results one by one would otherwise send a job or two
   // per get, each published (and its cache line moved) on its own.
-  auto low = [&](const auto& w) {
-    return may_take(*w) && w->in_flight().size() + kMaxJobsPerWorker <= window_of(*w);
-  };
+  auto low = [&](const auto& w) { return may_take(*w) && w->in_flight().size() + kMaxJobsPerWorker <= window_of(*w); };
   if (std::none_of(workers_.begin(), workers_.end(), low)) return;
   try {
     dispatch();
