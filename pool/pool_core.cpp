@@ -424,7 +424,10 @@ bool PoolCoreImpl::take_back_for_idle() {
   PoolWorker* busiest = nullptr;
   for (auto& w : workers_) {
     std::size_t held = w->in_flight().size();
-    if (may_take(*w) && held < kJobsPerWorker && (!idle || held < idle->in_flight().size())) idle = w.get();
+    // (One that may not be sent more, for want of claim words, would hand them back at once.)
+    if (may_take(*w) && held < kJobsPerWorker && w->has_claim_words_left() &&
+        (!idle || held < idle->in_flight().size()))
+      idle = w.get();
     if (!w->exited() && !w->schedule.stopped_job && (!busiest || held > busiest->in_flight().size())) busiest = w.get();
   }
   if (!idle || !busiest || idle == busiest) return false;

@@ -108,10 +108,12 @@ bool lies_over(const c10::StorageImpl& impl, const std::shared_ptr<forkpool::det
 // round trip more than it saves.
 enum class Remember { yes, no };
 
-// The torch storage over `storage` for a tensor that reaches its first `bytes`: the one this
-// process named while any tensor uses it (so a block that comes back is on the storage it left,
-// as torch.multiprocessing's shared_cache makes it, and costs no new one), else a new one.
-c10::Storage torch_storage_over(const std::shared_ptr<forkpool::detail::Storage>& storage, std::size_t bytes,
+// The torch storage over `storage` for a tensor that reaches its first `reach()` bytes: the one
+// this process named while any tensor uses it (so a block that comes back is on the storage it
+// left, as torch.multiprocessing's shared_cache makes it, and costs no new one), else a new one.
+// (`reach` is asked only when there is one to check: a worker's decode has none.)
+template <class Reach>
+c10::Storage torch_storage_over(const std::shared_ptr<forkpool::detail::Storage>& storage, Reach reach,
                                 Remember remember) {
   c10::intrusive_ptr<c10::StorageImpl> known;  // let go after the lock when it does not fit
   std::optional<c10::Storage> made;
@@ -119,7 +121,7 @@ c10::Storage torch_storage_over(const std::shared_ptr<forkpool::detail::Storage>
     if (binding.object) {
       known = c10::weak_intrusive_ptr<c10::StorageImpl>::reclaim_copy(static_cast<c10::StorageImpl*>(binding.object))
                   .lock();
-      if (known && lies_over(*known, storage, bytes)) return;
+      if (known && lies_over(*known, storage, reach())) return;
     }
     made.emplace(c10::Storage::use_byte_size_t(), storage->size(), data_ptr_over(storage), nullptr, false);
     if (remember == Remember::yes) remember_torch_storage(binding, made->unsafeGetStorageImpl());
@@ -131,9 +133,12 @@ c10::Storage torch_storage_over(const std::shared_ptr<forkpool::detail::Storage>
 at::Tensor tensor_over(const std::shared_ptr<forkpool::detail::Storage>& storage, std::int64_t byte_offset,
                        std::span<const std::int64_t> shape, std::span<const std::int64_t> strides, DType dtype,
                        Remember remember) {
-  // Validated already (a decoded view, or a forkpool::Tensor's): it fits in the storage.
-  std::size_t extent = forkpool::detail::view_extent(shape, strides, element_size(dtype)).value_or(storage->size());
-  c10::Storage shared = torch_storage_over(storage, static_cast<std::size_t>(byte_offset) + extent, remember);
+  auto reach = [&] {
+    // Validated already (a decoded view, or a forkpool::Tensor's): it fits in the storage.
+    std::size_t extent = forkpool::detail::view_extent(shape, strides, element_size(dtype)).value_or(storage->size());
+    return static_cast<std::size_t>(byte_offset) + extent;
+  };
+  c10::Storage shared = torch_storage_over(storage, reach, remember);
   // Built as at::for_blob builds its tensor: no dispatched op (at::empty and set_ took about
   // a third of a small tensor's round trip).
   at::Tensor out =
