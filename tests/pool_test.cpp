@@ -349,7 +349,7 @@ TEST_P(PoolTest, WorkGivenFromPlainCodeRunsWhileTheProgramComputes) {
   int ran = 0;
   for (int i = 0; i < kTasks; ++i) ran += shared()->runs[i].load() > 0 ? 1 : 0;
   EXPECT_EQ(ran, kTasks) << "only the jobs sent before the program went computing ran";
-  for (int i = 0; i < kTasks; ++i) EXPECT_EQ(results[i].get(), i);
+  for (int i = 0; i < kTasks; ++i) EXPECT_EQ(results[i].get(10s), i);
 }
 
 // More than the workers may hold at once: what is still queued when a wait returns goes out
@@ -359,7 +359,7 @@ TEST_P(PoolTest, WorkStillQueuedWhenAWaitReturnsRunsWhileTheProgramComputes) {
   constexpr int kTasks = 160;  // 1 ms each; two workers are sent 64 each at first
   std::vector<AsyncResult<int>> results;
   for (int i = 0; i < kTasks; ++i) results.push_back(pool.apply_async(count_run_then_sleep, i, 1));
-  EXPECT_EQ(results[40].get(), 40);
+  EXPECT_EQ(results[40].get(10s), 40);
   auto ran = [] {
     int count = 0;
     for (int i = 0; i < kTasks; ++i) count += shared()->runs[i].load() > 0 ? 1 : 0;
@@ -368,7 +368,7 @@ TEST_P(PoolTest, WorkStillQueuedWhenAWaitReturnsRunsWhileTheProgramComputes) {
   auto deadline = std::chrono::steady_clock::now() + 10s;
   while (ran() < kTasks && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
   EXPECT_EQ(ran(), kTasks) << "the jobs queued when the wait returned waited for the next call";
-  for (int i = 0; i < kTasks; ++i) EXPECT_EQ(results[i].get(), i);
+  for (int i = 0; i < kTasks; ++i) EXPECT_EQ(results[i].get(10s), i);
 }
 
 // A long task holds up the jobs sent to its worker behind it; once the other worker has run
@@ -379,7 +379,7 @@ TEST_P(PoolTest, AWorkerThatRunsDryTakesOverJobsWaitingBehindAnothersLongTask) {
   std::vector<AsyncResult<int>> results;
   results.push_back(pool.apply_async(count_run_then_sleep, 0, 1000));
   for (int i = 1; i < kTasks; ++i) results.push_back(pool.apply_async(count_run_then_sleep, i, 10));
-  for (int i = 0; i < kTasks; ++i) EXPECT_EQ(results[i].get(), i);
+  for (int i = 0; i < kTasks; ++i) EXPECT_EQ(results[i].get(10s), i);
   pid_t long_task_worker = shared()->pid_of_task[0].load();
   int on_that_worker = 0;
   for (int i = 0; i < kTasks; ++i) {
@@ -402,7 +402,7 @@ TEST_P(PoolTest, NoTaskRunsTwiceOrIsLostWhileJobsMoveBetweenWorkers) {
       int task = round * kPerRound + i;
       results.push_back(pool.apply_async(count_run_then_spin, task, (task * 7919) % 13 == 0 ? 2000 : (task % 5) * 20));
     }
-    for (int i = 0; i < kPerRound; ++i) ASSERT_EQ(results[i].get(), round * kPerRound + i);
+    for (int i = 0; i < kPerRound; ++i) ASSERT_EQ(results[i].get(10s), round * kPerRound + i);
   }
   for (int task = 0; task < kRounds * kPerRound; ++task) ASSERT_EQ(shared()->runs[task].load(), 1) << "task " << task;
 }
