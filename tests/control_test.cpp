@@ -66,8 +66,8 @@ class ControlTest : public ::testing::Test {
 TEST_F(ControlTest, CancellingAQueuedTaskDropsItAndItNeverRuns) {
   Pool pool({.processes = 1});
   auto running = pool.apply_async(sleep_ms, 200);
-  auto sent = pool.apply_async(count_then_sleep_ms, 5000);  // already in the worker's socket
-  auto queued = pool.apply_async(mark_ran, 1);              // still in the pool's queue
+  auto sent = pool.apply_async(count_then_sleep_ms, 5000);  // sent to the worker behind the first
+  auto queued = pool.apply_async(mark_ran, 1);              // so is this (from plain code, all go at once)
   sent.cancel();
   queued.cancel();
   ASSERT_TRUE(sent.ready() && queued.ready());
@@ -79,6 +79,21 @@ TEST_F(ControlTest, CancellingAQueuedTaskDropsItAndItNeverRuns) {
   EXPECT_EQ(shared()->calls.load(), 0);
   EXPECT_EQ(shared()->ran_marked.load(), 0);
   EXPECT_EQ(pool.worker_pids().at(0), worker);  // skipped, not killed
+}
+
+// Past what a worker is sent at once (64 from plain code), a task waits in the pool's queue: a
+// cancel drops it there.
+TEST_F(ControlTest, CancellingATaskStillInThePoolsQueueDropsItAndItNeverRuns) {
+  Pool pool({.processes = 1});
+  std::vector<AsyncResult<int>> sent;
+  for (int i = 0; i < 70; ++i) sent.push_back(pool.apply_async(sleep_ms, 1));
+  auto queued = pool.apply_async(mark_ran, 1);
+  queued.cancel();
+  ASSERT_TRUE(queued.ready());
+  EXPECT_THROW(queued.get(), Cancelled);
+  for (auto& r : sent) EXPECT_EQ(r.get(5s), 1);
+  EXPECT_EQ(pool.apply_async(square, 3).get(5s), 9);
+  EXPECT_EQ(shared()->ran_marked.load(), 0);
 }
 
 // A worker that retires after maxtasksperchild counts a task it skipped because it was

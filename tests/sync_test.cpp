@@ -583,9 +583,11 @@ void notify_later(Condition condition, Event flag) {
 void report_locked(Lock lock, Queue<int> report) { report.put(lock.locked() ? 1 : 0); }
 
 // A blocking wait on a queue, an event or a pipe keeps the thread's pools going, as
-// AsyncResult::get() does: a pool sends each worker its first two jobs at the call and the rest as
-// the loop reads results, so a wait that did not run the loop would stop the very task that is to
-// put the awaited item (Python's Pool feeds its workers from a thread). One worker, ten tasks.
+// AsyncResult::get() does: a pool sends each worker at most kDeepJobsPerWorker jobs at the call
+// and the rest as the loop reads results, so a wait that did not run the loop would stop the very
+// task that is to put the awaited item (Python's Pool feeds its workers from a thread). One
+// worker, more tasks than it is sent at once.
+constexpr int kPastTheWindow = 80;  // pool_core.cpp sends 64 a worker from plain code
 int put_its_number(Queue<int> queue, int i) {
   queue.put(i);
   return i;
@@ -603,14 +605,14 @@ TEST(BlockingWaitTest, ABlockingGetKeepsThePoolGoingUntilEveryTaskHasPutItsItem)
   Pool pool({.processes = 1});
   Queue<int> queue;
   std::vector<AsyncResult<int>> results;
-  for (int i = 0; i < 10; ++i) results.push_back(pool.apply_async(put_its_number, queue, i));
+  for (int i = 0; i < kPastTheWindow; ++i) results.push_back(pool.apply_async(put_its_number, queue, i));
   std::set<int> got;
-  for (int i = 0; i < 10; ++i) {
+  for (int i = 0; i < kPastTheWindow; ++i) {
     std::optional<int> item = queue.get(10s);
     ASSERT_TRUE(item) << "after " << got.size() << " items nothing came: the tasks behind them never ran";
     got.insert(*item);
   }
-  EXPECT_EQ(got.size(), 10u);
+  EXPECT_EQ(got.size(), static_cast<std::size_t>(kPastTheWindow));
   for (auto& r : results) r.get();
 }
 
@@ -618,8 +620,8 @@ TEST(BlockingWaitTest, ABlockingEventWaitKeepsThePoolGoing) {
   Pool pool({.processes = 1});
   Event event;
   std::vector<AsyncResult<int>> results;
-  for (int i = 0; i < 9; ++i) results.push_back(pool.apply_async(put_its_number, Queue<int>(), i));
-  results.push_back(pool.apply_async(set_it, event, 0));  // tenth: behind the worker's window
+  for (int i = 0; i < kPastTheWindow; ++i) results.push_back(pool.apply_async(put_its_number, Queue<int>(), i));
+  results.push_back(pool.apply_async(set_it, event, 0));  // behind the worker's window
   EXPECT_TRUE(event.wait(10s));
   for (auto& r : results) r.get();
 }
@@ -629,10 +631,10 @@ TEST(BlockingWaitTest, ABlockingRecvKeepsThePoolGoing) {
     Pool pool({.processes = 1});
     auto [here, there] = Pipe<int>(false);
     std::vector<AsyncResult<int>> results;
-    for (int i = 0; i < 10; ++i) results.push_back(pool.apply_async(send_its_number, there, i));
+    for (int i = 0; i < kPastTheWindow; ++i) results.push_back(pool.apply_async(send_its_number, there, i));
     int sum = 0;
-    for (int i = 0; i < 10; ++i) sum += here.recv();  // no timeout form: a hang is the child's alarm
-    if (sum != 45) throw std::runtime_error("wrong values");
+    for (int i = 0; i < kPastTheWindow; ++i) sum += here.recv();  // no timeout form: a hang is the child's alarm
+    if (sum != kPastTheWindow * (kPastTheWindow - 1) / 2) throw std::runtime_error("wrong values");
     for (auto& r : results) r.get();
   });
   ASSERT_TRUE(WIFEXITED(status)) << "recv() stopped the tasks that were to send (killed by signal "
@@ -653,7 +655,7 @@ TEST(BlockingWaitTest, GetNowaitRunsNothingWhileAGetThatWaitsRunsTheLoop) {
 
 // Inside a coroutine on the loop a blocking wait cannot run the loop (it is running): it waits as
 // it always did, for an item that is there or comes from elsewhere.
-// The futex-based waits keep the pool going too: the tenth task (behind the one worker's
+// The futex-based waits keep the pool going too: the last task (behind the one worker's
 // window) gives a unit back, notifies, arrives or finishes what the waiting call waits for.
 int release_a_unit(Semaphore semaphore, int) {
   semaphore.release();
@@ -672,17 +674,17 @@ int finish_an_item(JoinableQueue<int> queue, int) {
   return item.value_or(-1);
 }
 
-// Nine tasks that hold the worker's window before the one that matters.
-std::vector<AsyncResult<int>> nine_tasks_first(Pool& pool) {
+// Tasks that fill the worker's window before the one that matters.
+std::vector<AsyncResult<int>> tasks_that_fill_the_window(Pool& pool) {
   std::vector<AsyncResult<int>> results;
-  for (int i = 0; i < 9; ++i) results.push_back(pool.apply_async(put_its_number, Queue<int>(), i));
+  for (int i = 0; i < kPastTheWindow; ++i) results.push_back(pool.apply_async(put_its_number, Queue<int>(), i));
   return results;
 }
 
 TEST(BlockingWaitTest, ABlockingSemaphoreAcquireKeepsThePoolGoing) {
   Pool pool({.processes = 1});
   Semaphore semaphore(0);
-  std::vector<AsyncResult<int>> results = nine_tasks_first(pool);
+  std::vector<AsyncResult<int>> results = tasks_that_fill_the_window(pool);
   results.push_back(pool.apply_async(release_a_unit, semaphore, 0));
   EXPECT_TRUE(semaphore.acquire(10s)) << "the task that releases the unit never ran";
   for (auto& r : results) r.get();
@@ -693,7 +695,7 @@ TEST(BlockingWaitTest, ABlockingConditionWaitKeepsThePoolGoing) {
   Condition condition;
   Event flag;
   std::unique_lock held(condition.get_lock());
-  std::vector<AsyncResult<int>> results = nine_tasks_first(pool);
+  std::vector<AsyncResult<int>> results = tasks_that_fill_the_window(pool);
   results.push_back(pool.apply_async(notify_it, condition, flag));
   auto deadline = std::chrono::steady_clock::now() + 10s;
   while (!flag.is_set() && std::chrono::steady_clock::now() < deadline) condition.wait_for(held, 1s);
@@ -705,7 +707,7 @@ TEST(BlockingWaitTest, ABlockingConditionWaitKeepsThePoolGoing) {
 TEST(BlockingWaitTest, ABlockingBarrierWaitKeepsThePoolGoing) {
   Pool pool({.processes = 1});
   Barrier barrier(2);
-  std::vector<AsyncResult<int>> results = nine_tasks_first(pool);
+  std::vector<AsyncResult<int>> results = tasks_that_fill_the_window(pool);
   results.push_back(pool.apply_async(arrive_at, barrier, 0));
   int mine = -1;
   EXPECT_NO_THROW(mine = barrier.wait(10s)) << "the task that arrives never ran";
@@ -718,16 +720,16 @@ TEST(BlockingWaitTest, ABlockingJoinKeepsThePoolGoingUntilEveryItemIsDone) {
   Pool pool({.processes = 1});
   JoinableQueue<int> queue;
   std::vector<AsyncResult<int>> results;
-  for (int i = 0; i < 10; ++i) {
+  for (int i = 0; i < kPastTheWindow; ++i) {
     queue.put(i);
     results.push_back(pool.apply_async(finish_an_item, queue, i));
   }
-  EXPECT_TRUE(queue.join(10s)) << "the tasks behind the first two never ran";
+  EXPECT_TRUE(queue.join(10s)) << "the tasks behind the window never ran";
   for (auto& r : results) EXPECT_GE(r.get(), 0);
 }
 
 int sleep_a_little(int) {
-  std::this_thread::sleep_for(20ms);
+  std::this_thread::sleep_for(1ms);
   return 0;
 }
 int hold_until_set(Lock lock, Event held, Event go) {
@@ -742,15 +744,15 @@ int set_event(Event event) {
   return 0;
 }
 
-// Two workers: the first holds the lock until the tenth task, queued behind the second worker's
-// slow ones, tells it to let go.
+// Two workers: the first holds the lock until the last task, queued behind the workers'
+// windows of slower ones, tells it to let go.
 TEST(BlockingWaitTest, ABlockingLockKeepsThePoolGoing) {
   Pool pool({.processes = 2});
   Lock lock;
   Event held, go;
   std::vector<AsyncResult<int>> results;
   results.push_back(pool.apply_async(hold_until_set, lock, held, go));
-  for (int i = 0; i < 8; ++i) results.push_back(pool.apply_async(sleep_a_little, i));
+  for (int i = 0; i < 2 * kPastTheWindow; ++i) results.push_back(pool.apply_async(sleep_a_little, i));
   results.push_back(pool.apply_async(set_event, go));
   ASSERT_TRUE(held.wait(10s));
   EXPECT_TRUE(lock.try_lock_for(10s)) << "the task that lets the holder go never ran";
