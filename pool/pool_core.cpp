@@ -428,7 +428,11 @@ bool PoolCoreImpl::take_back_for_idle() {
     if (may_take(*w) && held < kJobsPerWorker && w->has_claim_words_left() &&
         (!idle || held < idle->in_flight().size()))
       idle = w.get();
-    if (!w->exited() && !w->schedule.stopped_job && (!busiest || held > busiest->in_flight().size())) busiest = w.get();
+    // Short jobs (a window grown past two) drain fast where they are: moving them would cost more
+    // than it saves, unless a worker holds more than its window (a deep send from plain code).
+    bool worth_moving = w->schedule.window == kJobsPerWorker || held > w->schedule.window;
+    if (worth_moving && !w->exited() && !w->schedule.stopped_job && (!busiest || held > busiest->in_flight().size()))
+      busiest = w.get();
   }
   if (!idle || !busiest || idle == busiest) return false;
   std::size_t gap = busiest->in_flight().size() - idle->in_flight().size();
