@@ -344,7 +344,6 @@ void PoolWorker::handle_reply(Message& message) {
   in_flight_.erase(it);
   link_->set_expecting(!in_flight_.empty());
   last_replied_ = std::max(last_replied_, message.request_id);
-  std::erase_if(withdrawn_, [this](std::uint64_t id) { return id < last_replied_; });  // read past
   bool served = deliver(*job, message);
   job.reset();                                      // may let go of blocks
   send_release_now(ParentLink::Publish::at_flush);  // with any the socket could not take earlier

@@ -82,6 +82,12 @@ int count_run_then_sleep(int task, int ms) {
   std::this_thread::sleep_for(std::chrono::microseconds(ms * 1000));
   return task;
 }
+// How many of tasks 0..count-1 have run (started), read from shared memory only.
+int tasks_that_ran(int count) {
+  int ran = 0;
+  for (int i = 0; i < count; ++i) ran += shared()->runs[i].load() > 0 ? 1 : 0;
+  return ran;
+}
 // Counts its run, then spins for `us` microseconds (shorter than a sleep can be).
 int count_run_then_spin(int task, int us) {
   shared()->runs[task].fetch_add(1);
@@ -338,17 +344,9 @@ TEST_P(PoolTest, WorkGivenFromPlainCodeRunsWhileTheProgramComputes) {
   constexpr int kTasks = 24;  // twelve 10 ms tasks a worker: 0.12 s of work for each
   std::vector<AsyncResult<int>> results;
   for (int i = 0; i < kTasks; ++i) results.push_back(pool.apply_async(count_run_then_sleep, i, 10));
-  auto all_ran = [] {
-    for (int i = 0; i < kTasks; ++i)
-      if (shared()->runs[i].load() == 0) return false;
-    return true;
-  };
   // The program's own work: it reads shared memory and sleeps, and calls nothing of forkpool's.
-  auto deadline = std::chrono::steady_clock::now() + 10s;
-  while (!all_ran() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
-  int ran = 0;
-  for (int i = 0; i < kTasks; ++i) ran += shared()->runs[i].load() > 0 ? 1 : 0;
-  EXPECT_EQ(ran, kTasks) << "only the jobs sent before the program went computing ran";
+  test_support::eventually([] { return tasks_that_ran(kTasks) == kTasks; }, 10s);
+  EXPECT_EQ(tasks_that_ran(kTasks), kTasks) << "only the jobs sent before the program went computing ran";
   for (int i = 0; i < kTasks; ++i) EXPECT_EQ(results[i].get(10s), i);
 }
 
@@ -360,14 +358,8 @@ TEST_P(PoolTest, WorkStillQueuedWhenAWaitReturnsRunsWhileTheProgramComputes) {
   std::vector<AsyncResult<int>> results;
   for (int i = 0; i < kTasks; ++i) results.push_back(pool.apply_async(count_run_then_sleep, i, 1));
   EXPECT_EQ(results[40].get(10s), 40);
-  auto ran = [] {
-    int count = 0;
-    for (int i = 0; i < kTasks; ++i) count += shared()->runs[i].load() > 0 ? 1 : 0;
-    return count;
-  };
-  auto deadline = std::chrono::steady_clock::now() + 10s;
-  while (ran() < kTasks && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
-  EXPECT_EQ(ran(), kTasks) << "the jobs queued when the wait returned waited for the next call";
+  test_support::eventually([] { return tasks_that_ran(kTasks) == kTasks; }, 10s);
+  EXPECT_EQ(tasks_that_ran(kTasks), kTasks) << "the jobs queued when the wait returned waited for the next call";
   for (int i = 0; i < kTasks; ++i) EXPECT_EQ(results[i].get(10s), i);
 }
 

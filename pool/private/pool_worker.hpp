@@ -214,8 +214,8 @@ class PoolWorker : public std::enable_shared_from_this<PoolWorker> {
   Mapping running_slot_;                   // RunningSlot: which job it has taken up
   InFlight in_flight_;
   InFlight::iterator find_in_flight(std::uint64_t id);
-  // Jobs withdrawn whose messages the worker may not have read yet: it answers a later one once
-  // it has (their claim words stay taken until then).
+  // Jobs withdrawn whose messages the worker may not have read yet: their claim words stay taken
+  // until it stores a later request id (has_claim_words_left lets go of them).
   std::vector<std::uint64_t> withdrawn_;
   // Jobs to send, in order: a job may rely on a slab an earlier one introduced, and two sends in
   // flight at once could overtake each other when the socket is full.
