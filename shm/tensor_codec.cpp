@@ -111,6 +111,7 @@ void decode_tensor_view(Reader& r, TensorView& view) {
   if (offset < 0 || static_cast<std::uint64_t>(offset) > storage_size || *extent > storage_size - offset)
     r.fail("tensor view (offset " + std::to_string(offset) + ", " + std::to_string(*extent) +
            " bytes) exceeds its storage of " + std::to_string(storage_size) + " bytes");
+  view.extent = *extent;
 
   switch (kind) {
     case StorageKind::memfd: view.storage = Storage::adopt_memfd(r.take_fd(index), storage_size); break;

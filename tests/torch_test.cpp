@@ -161,6 +161,21 @@ TEST(TorchTest, ATensorThatComesBackIsOnTheStorageItLeft) {
   EXPECT_EQ(again.numel(), 8);
 }
 
+// A torch storage made here is named in its block (a weak handle) and holds the block: the
+// block must still go back when the last tensor goes, the handle notwithstanding.
+TEST(TorchTest, ABlockGoesBackWhenTheLastTorchTensorOverItGoes) {
+  Pool pool({.processes = 1});
+  std::size_t before = shared_memory_stats().in_use_bytes;
+  {
+    at::Tensor t = fpt::zeros({1 << 16});
+    at::Tensor view = t.slice(0, 8, 64);
+    at::Tensor back = pool.apply_async(identity, view).get();
+    EXPECT_EQ(back.storage().unsafeGetStorageImpl(), t.storage().unsafeGetStorageImpl());
+    EXPECT_GE(shared_memory_stats().in_use_bytes, before + (1 << 18));
+  }
+  EXPECT_EQ(shared_memory_stats().in_use_bytes, before);
+}
+
 at::Tensor a_new_tensor(int index) { return fpt::empty({16}).fill_(index); }
 
 // Each result is a block of a recycled slab, not a descriptor of its own.

@@ -18,12 +18,36 @@
 namespace forkpool::torch {
 namespace {
 
-// What a torch storage over forkpool memory keeps alive: the block, given back when the last
-// torch tensor on it goes.
-struct SharedBlock {
-  std::shared_ptr<forkpool::detail::Storage> storage;
+// A torch storage over forkpool memory holds its forkpool storage: the block goes back when the
+// last torch tensor on it goes. Its DataPtr's context is always a `const Holder*`, and its
+// deleter says which of two kinds holds it:
+// - a HeldStorage, the torch storages made here, which is the holder: one allocation;
+// - a Holder of its own (let_go deletes it), for a storage share_memory moved in place.
+using Holder = std::shared_ptr<forkpool::detail::Storage>;
+void let_go(void* holder) { delete static_cast<Holder*>(holder); }
+void held_by_its_storage_impl(void*) {}  // HeldStorage lets go of it
+
+bool holds_forkpool_memory(const c10::DataPtr& data) {
+  return data.get_deleter() == &held_by_its_storage_impl || data.get_deleter() == &let_go;
+}
+const Holder& holder_of(const c10::DataPtr& data) { return *static_cast<const Holder*>(data.get_context()); }
+
+struct HeldStorage final : c10::StorageImpl {
+  explicit HeldStorage(Holder storage)
+      : c10::StorageImpl(use_byte_size_t(), storage->size(),
+                         // (the member's address is known before it is built; it is read after)
+                         c10::DataPtr(storage->data(), &holder, &held_by_its_storage_impl, c10::Device(c10::kCPU)),
+                         nullptr, false),
+        holder(std::move(storage)) {}
+  // When the last torch::Tensor goes (a weak handle may keep this object a while): the block
+  // goes too. Its storage's binding drops that weak handle, which cannot be the last here
+  // (intrusive_ptr holds one more while it calls this).
+  void release_resources() override {
+    c10::StorageImpl::release_resources();
+    holder.reset();
+  }
+  Holder holder;
 };
-void let_go(void* block) { delete static_cast<SharedBlock*>(block); }
 
 DType dtype_of(at::ScalarType type) {
   switch (type) {
@@ -66,17 +90,18 @@ void check_shareable(const at::Tensor& tensor) {
   dtype_of(tensor.scalar_type());
 }
 
-c10::DataPtr data_ptr_over(std::shared_ptr<forkpool::detail::Storage> storage) {
+// A DataPtr for share_memory's move in place (a torch storage not made here).
+c10::DataPtr data_ptr_over(Holder storage) {
   std::byte* data = storage->data();
-  return c10::DataPtr(data, new SharedBlock{std::move(storage)}, &let_go, c10::Device(c10::kCPU));
+  return c10::DataPtr(data, new Holder(std::move(storage)), &let_go, c10::Device(c10::kCPU));
 }
 
 std::vector<std::int64_t> vector_of(at::IntArrayRef values) { return {values.begin(), values.end()}; }
 std::span<const std::int64_t> span_of(at::IntArrayRef values) { return {values.data(), values.size()}; }
 
 // The forkpool storage under a shared tensor (is_shared).
-const std::shared_ptr<forkpool::detail::Storage>& storage_of(const at::Tensor& tensor) {
-  return static_cast<SharedBlock*>(tensor.storage().data_ptr().get_context())->storage;
+const Holder& storage_of(const at::Tensor& tensor) {
+  return holder_of(tensor.storage().data_ptr());
 }
 
 // A forkpool storage keeps a weak handle to the torch storage over it (Storage::with_binding):
@@ -97,7 +122,7 @@ void remember_torch_storage(forkpool::detail::Storage::Binding& binding, c10::St
 bool lies_over(const c10::StorageImpl& impl, const std::shared_ptr<forkpool::detail::Storage>& storage,
                std::size_t bytes) {
   const c10::DataPtr& data = impl.data_ptr();
-  return data.get_deleter() == &let_go && static_cast<SharedBlock*>(data.get_context())->storage == storage &&
+  return holds_forkpool_memory(data) && holder_of(data) == storage &&
          impl.nbytes() >= bytes;
 }
 
@@ -108,36 +133,33 @@ bool lies_over(const c10::StorageImpl& impl, const std::shared_ptr<forkpool::det
 // round trip more than it saves.
 enum class Remember { yes, no };
 
-// The torch storage over `storage` for a tensor that reaches its first `reach()` bytes: the one
+// The torch storage over `storage` for a tensor that reaches its first `reach` bytes: the one
 // this process named while any tensor uses it (so a block that comes back is on the storage it
 // left, as torch.multiprocessing's shared_cache makes it, and costs no new one), else a new one.
-// (`reach` is asked only when there is one to check: a worker's decode has none.)
-template <class Reach>
-c10::Storage torch_storage_over(const std::shared_ptr<forkpool::detail::Storage>& storage, Reach reach,
-                                Remember remember) {
+c10::Storage torch_storage_over(const Holder& storage, std::size_t reach, Remember remember) {
+  auto make = [&] { return c10::Storage(c10::make_intrusive<HeldStorage>(storage)); };
+  // None named (a worker's decode): no lock to take.
+  if (remember == Remember::no && !storage->has_binding()) return make();
   c10::intrusive_ptr<c10::StorageImpl> known;  // let go after the lock when it does not fit
   std::optional<c10::Storage> made;
   storage->with_binding([&](forkpool::detail::Storage::Binding& binding) {
     if (binding.object) {
-      known = c10::weak_intrusive_ptr<c10::StorageImpl>::reclaim_copy(static_cast<c10::StorageImpl*>(binding.object))
-                  .lock();
-      if (known && lies_over(*known, storage, reach())) return;
+      // The binding's weak handle keeps the pointer valid while the lock is held.
+      known = c10::intrusive_ptr<c10::StorageImpl>::reclaim(
+          c10::raw::weak_intrusive_ptr::lock(static_cast<c10::StorageImpl*>(binding.object)));
+      if (known && lies_over(*known, storage, reach)) return;
     }
-    made.emplace(c10::Storage::use_byte_size_t(), storage->size(), data_ptr_over(storage), nullptr, false);
+    made.emplace(make());
     if (remember == Remember::yes) remember_torch_storage(binding, made->unsafeGetStorageImpl());
   });
   return made ? std::move(*made) : c10::Storage(std::move(known));
 }
 
-// A torch::Tensor over `storage`, viewed as given.
-at::Tensor tensor_over(const std::shared_ptr<forkpool::detail::Storage>& storage, std::int64_t byte_offset,
-                       std::span<const std::int64_t> shape, std::span<const std::int64_t> strides, DType dtype,
-                       Remember remember) {
-  auto reach = [&] {
-    // Validated already (a decoded view, or a forkpool::Tensor's): it fits in the storage.
-    std::size_t extent = forkpool::detail::view_extent(shape, strides, element_size(dtype)).value_or(storage->size());
-    return static_cast<std::size_t>(byte_offset) + extent;
-  };
+// A torch::Tensor over `storage`, viewed as given, which reaches `extent` bytes from its offset
+// (a view checked already: a decoded one, or a forkpool::Tensor's).
+at::Tensor tensor_over(const Holder& storage, std::int64_t byte_offset, std::span<const std::int64_t> shape,
+                       std::span<const std::int64_t> strides, DType dtype, std::size_t extent, Remember remember) {
+  std::size_t reach = static_cast<std::size_t>(byte_offset) + extent;
   c10::Storage shared = torch_storage_over(storage, reach, remember);
   // Built as at::for_blob builds its tensor: no dispatched op (at::empty and set_ took about
   // a third of a small tensor's round trip).
@@ -154,13 +176,16 @@ at::Tensor tensor_over(const std::shared_ptr<forkpool::detail::Storage>& storage
 }  // namespace
 
 bool is_shared(const at::Tensor& tensor) {
-  return tensor.defined() && tensor.has_storage() && tensor.storage().data_ptr().get_deleter() == &let_go;
+  return tensor.defined() && tensor.has_storage() && holds_forkpool_memory(tensor.storage().data_ptr());
 }
 
 at::Tensor from_forkpool(const Tensor& tensor) {
-  const std::shared_ptr<forkpool::detail::Storage>& storage = tensor.storage();
+  const Holder& storage = tensor.storage();
   if (!storage || !storage->is_shared()) throw Error("forkpool-torch: from_forkpool needs a tensor in shared memory");
-  return tensor_over(storage, tensor.storage_offset(), tensor.shape(), tensor.strides(), tensor.dtype(), Remember::yes);
+  std::size_t extent =
+      forkpool::detail::view_extent(tensor.shape(), tensor.strides(), element_size(tensor.dtype())).value_or(storage->size());
+  return tensor_over(storage, tensor.storage_offset(), tensor.shape(), tensor.strides(), tensor.dtype(), extent,
+                     Remember::yes);
 }
 
 Tensor to_forkpool(const at::Tensor& tensor) {
@@ -245,7 +270,8 @@ at::Tensor codec<at::Tensor>::decode(Reader& r) {
   bool requires_grad = r.read<std::uint8_t>() != 0;
   if (!view.storage || !view.storage->is_shared()) r.fail("a torch::Tensor arrived without shared memory under it");
   at::Tensor out =
-      torch::tensor_over(view.storage, view.byte_offset, view.shape(), view.strides(), view.dtype, torch::Remember::no);
+      torch::tensor_over(view.storage, view.byte_offset, view.shape(), view.strides(), view.dtype, view.extent,
+                         torch::Remember::no);
   if (requires_grad) out.requires_grad_(true);
   return out;
 }

@@ -90,8 +90,15 @@ class Storage {
   template <class F>
   decltype(auto) with_binding(F&& use) {
     std::lock_guard lock(mutex_);
+    struct Publish {  // after `use`, before the unlock
+      Storage& storage;
+      ~Publish() { storage.bound_.store(storage.binding_.object != nullptr, std::memory_order_relaxed); }
+    } publish{*this};
     return std::forward<F>(use)(binding_);
   }
+  // Whether a binding is set, without the lock (a worker's decode, which would only find none,
+  // skips it): one set on another thread at this moment may not be seen yet.
+  bool has_binding() const noexcept { return bound_.load(std::memory_order_relaxed); }
 
  private:
   friend class Slab;
@@ -120,6 +127,7 @@ class Storage {
   std::mutex mutex_;  // for listeners_ and binding_: a storage may be lent and used on several threads
   std::vector<std::weak_ptr<ReleaseListener>> listeners_;
   Binding binding_;
+  std::atomic<bool> bound_{false};  // binding_.object != nullptr, for has_binding
 };
 
 }  // namespace forkpool::detail
