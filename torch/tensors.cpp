@@ -100,9 +100,7 @@ std::vector<std::int64_t> vector_of(at::IntArrayRef values) { return {values.beg
 std::span<const std::int64_t> span_of(at::IntArrayRef values) { return {values.data(), values.size()}; }
 
 // The forkpool storage under a shared tensor (is_shared).
-const Holder& storage_of(const at::Tensor& tensor) {
-  return holder_of(tensor.storage().data_ptr());
-}
+const Holder& storage_of(const at::Tensor& tensor) { return holder_of(tensor.storage().data_ptr()); }
 
 // A forkpool storage keeps a weak handle to the torch storage over it (Storage::with_binding):
 // weak, since the torch storage holds the forkpool one.
@@ -122,8 +120,7 @@ void remember_torch_storage(forkpool::detail::Storage::Binding& binding, c10::St
 bool lies_over(const c10::StorageImpl& impl, const std::shared_ptr<forkpool::detail::Storage>& storage,
                std::size_t bytes) {
   const c10::DataPtr& data = impl.data_ptr();
-  return holds_forkpool_memory(data) && holder_of(data) == storage &&
-         impl.nbytes() >= bytes;
+  return holds_forkpool_memory(data) && holder_of(data) == storage && impl.nbytes() >= bytes;
 }
 
 // Whether a new torch storage is named in its forkpool storage for the next tensor over it.
@@ -182,8 +179,8 @@ bool is_shared(const at::Tensor& tensor) {
 at::Tensor from_forkpool(const Tensor& tensor) {
   const Holder& storage = tensor.storage();
   if (!storage || !storage->is_shared()) throw Error("forkpool-torch: from_forkpool needs a tensor in shared memory");
-  std::size_t extent =
-      forkpool::detail::view_extent(tensor.shape(), tensor.strides(), element_size(tensor.dtype())).value_or(storage->size());
+  std::size_t extent = forkpool::detail::view_extent(tensor.shape(), tensor.strides(), element_size(tensor.dtype()))
+                           .value_or(storage->size());
   return tensor_over(storage, tensor.storage_offset(), tensor.shape(), tensor.strides(), tensor.dtype(), extent,
                      Remember::yes);
 }
@@ -269,9 +266,8 @@ at::Tensor codec<at::Tensor>::decode(Reader& r) {
   detail::decode_tensor_view(r, view);
   bool requires_grad = r.read<std::uint8_t>() != 0;
   if (!view.storage || !view.storage->is_shared()) r.fail("a torch::Tensor arrived without shared memory under it");
-  at::Tensor out =
-      torch::tensor_over(view.storage, view.byte_offset, view.shape(), view.strides(), view.dtype, view.extent,
-                         torch::Remember::no);
+  at::Tensor out = torch::tensor_over(view.storage, view.byte_offset, view.shape(), view.strides(), view.dtype,
+                                      view.extent, torch::Remember::no);
   if (requires_grad) out.requires_grad_(true);
   return out;
 }
