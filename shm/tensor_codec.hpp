@@ -29,7 +29,7 @@ struct TensorView {
   std::int64_t byte_offset = 0;
   DType dtype = DType::u8;
   std::size_t dims = 0;
-  std::size_t extent = 0;  // the bytes the view reaches from its offset
+  std::size_t extent = 0;                           // the bytes the view reaches from its offset
   std::array<std::int64_t, kMaxDims> shape_values;  // the first `dims` are set
   std::array<std::int64_t, kMaxDims> stride_values;
   std::span<const std::int64_t> shape() const noexcept { return {shape_values.data(), dims}; }
