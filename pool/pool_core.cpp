@@ -379,10 +379,13 @@ void PoolCoreImpl::send_queued() {
     queue_.pop_front();
     WorkerSchedule& schedule = worker->schedule;
     if (worker->in_flight().empty()) {
-      schedule.window_mark = schedule_time();  // time idle says nothing of its jobs' length
+      // It starts this one at once. A deadline needs the true time (a drain may have run long
+      // since schedule_time's), which serves as the mark as well: one clock read a round trip.
+      bool timed = options_.task_timeout > std::chrono::nanoseconds::zero();
+      Clock::time_point now = timed ? Clock::now() : schedule_time();
+      schedule.window_mark = now;  // time idle says nothing of its jobs' length
       schedule.finished_since_mark = 0;
-      // It starts this one at once. A deadline needs the true time: a drain may have run long.
-      if (options_.task_timeout > std::chrono::nanoseconds::zero()) schedule.running_since = Clock::now();
+      if (timed) schedule.running_since = now;
     }
     if (options_.maxtasksperchild > 0 && ++schedule.assigned >= options_.maxtasksperchild) schedule.retiring = true;
     std::uint64_t id = ++next_request_id_;
