@@ -270,14 +270,18 @@ if torch_bench:
             row(f"torch: torch::Tensor round trip, {label}, alternated with fp::Tensor's in one pool",
                 f"{alternated['torch_ns'] / 1e3:.2f} us",
                 f"{alternated['torch_over_fp']:.2f}x fp::Tensor's ({alternated['fp_ns'] / 1e3:.2f} us; target <= 1.1)")
-    # What the round trip's difference is made of: each side's tensor made and dropped, and encoded.
+    # What the round trip's difference is made of: each side's tensor decoded and dropped, and encoded.
     made = [torch_bench.get(f"BM_TensorOverABlockMadeAndDropped/{arg}") for arg in range(3)]
     encoded = [torch_bench.get(f"BM_SharedTensorEncoded/{arg}") for arg in range(2)]
     if all(made) and all(encoded):
-        row("torch: a torch::Tensor made and dropped over a block, worker / parent side",
+        row("torch: a torch::Tensor decoded over a block and dropped, worker / parent side",
             f"{ns(made[1]):.0f} / {ns(made[2]):.0f} ns",
             f"+{ns(made[1]) - ns(made[0]):.0f} / +{ns(made[2]) - ns(made[0]):.0f} ns over fp::Tensor's ({ns(made[0]):.0f} ns); "
             f"encoded: +{ns(encoded[1]) - ns(encoded[0]):.0f} ns ({ns(encoded[1]):.0f} vs {ns(encoded[0]):.0f} ns)")
+    work = [torch_bench.get(f"BM_RoundTripWorkWithoutTheTrip/{arg}") for arg in range(2)]
+    if all(work):
+        row("torch: a round trip's work without the trip (both ends, one process)",
+            f"{ns(work[1]):.0f} ns", f"+{ns(work[1]) - ns(work[0]):.0f} ns over fp::Tensor's ({ns(work[0]):.0f} ns)")
     for size, label in batch_sizes:
         b = torch_bench.get(f"BM_TorchDataLoader/{size}/real_time")
         if not b:

@@ -99,8 +99,8 @@ void BM_TorchOverFpRoundTrip(benchmark::State& state) {
 }
 BENCHMARK(BM_TorchOverFpRoundTrip)->Arg(4 << 10)->Arg(1 << 20)->UseRealTime();
 
-// One side's share of a round trip, without the trip: a tensor made over a block of shared
-// memory and dropped, as a decode makes it and the code after the task drops it. Arg 0: a
+// One side's share of a round trip, without the trip: a tensor decoded over a block of shared
+// memory and dropped, as a message brings it and the code after the task drops it. Arg 0: a
 // forkpool::Tensor; 1: a torch::Tensor with no other on the block (a worker's case: a new torch
 // storage each time); 2: a torch::Tensor while another is kept on the block (the parent's case:
 // the storage is reused).
@@ -108,12 +108,18 @@ void BM_TensorOverABlockMadeAndDropped(benchmark::State& state) {
   fp::Tensor block = fp::Tensor::zeros({1024}, fp::DType::f32);
   std::optional<at::Tensor> kept;
   if (state.range(0) == 2) kept = fp::torch::from_forkpool(block);
+  fp::detail::OutgoingBlocks blocks;
+  fp::Writer w(&blocks);
+  fp::codec<fp::Tensor>::encode(w, block);
+  w.write(std::uint8_t{0});  // codec<at::Tensor>'s requires_grad, after the view
+  fp::detail::IncomingBlocks incoming(blocks.storages());
   for (auto _ : state) {
+    fp::Reader r(w.bytes(), {}, &incoming);
     if (state.range(0) == 0) {
-      fp::Tensor made = fp::Tensor::from_storage(block.storage(), 0, {1024}, {1}, fp::DType::f32);
+      fp::Tensor made = fp::codec<fp::Tensor>::decode(r);
       benchmark::DoNotOptimize(made.raw_data());
     } else {
-      at::Tensor made = fp::torch::from_forkpool(block);
+      at::Tensor made = fp::codec<at::Tensor>::decode(r);
       benchmark::DoNotOptimize(made.data_ptr());
     }
   }
