@@ -93,29 +93,37 @@ void BM_ApplyAsync100kInFlight(benchmark::State& state) {
 }
 BENCHMARK(BM_ApplyAsync100kInFlight)->ArgsProduct({{0, 1}, {1, 2}})->UseRealTime()->Unit(benchmark::kMillisecond);
 
-int sleep_10ms(int x) {
-  std::this_thread::sleep_for(std::chrono::milliseconds(10));
+int sleep_ms_then(int ms, int x) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(ms));
   return x;
 }
 
-// Work given from plain code while the program computes without calling forkpool: 100 tasks of
-// 10 ms on 2 workers, then 500 ms of the program's own computing, then every result. The time
-// from the first submit to the last result: 0.5 s when the work ran meanwhile, 1 s when only what
-// the workers took at first did. Peer: py_overlap.py.
+// Work given from plain code while the program computes without calling forkpool: N tasks of
+// M ms on 2 workers, then C ms of the program's own computing, then every result. The time from
+// the first submit to the last result: C when the work ran meanwhile, more when only what the
+// workers took at first did. Args: N, M, C: 100 x 10 ms then 500 ms (all within the 64 a worker
+// was ever sent at once), and 1000 x 1 ms then 600 ms (past it). Peer: py_overlap.py.
 void BM_WorkWhileTheProgramComputes(benchmark::State& state) {
+  const int tasks = static_cast<int>(state.range(0)), task_ms = static_cast<int>(state.range(1));
+  const auto computing = std::chrono::milliseconds(state.range(2));
   fp::Pool pool({.processes = 2});
-  pool.apply_async(sleep_10ms, 0).get();
+  pool.apply_async(sleep_ms_then, task_ms, 0).get();
   for (auto _ : state) {
     auto start = std::chrono::steady_clock::now();
     std::vector<fp::AsyncResult<int>> results;
-    for (int i = 0; i < 100; ++i) results.push_back(pool.apply_async(sleep_10ms, i));
+    for (int i = 0; i < tasks; ++i) results.push_back(pool.apply_async(sleep_ms_then, task_ms, i));
     double computed = 0;
-    while (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(500))
-      benchmark::DoNotOptimize(computed += 1.0);
+    while (std::chrono::steady_clock::now() - start < computing) benchmark::DoNotOptimize(computed += 1.0);
     for (auto& r : results) benchmark::DoNotOptimize(r.get());
   }
 }
-BENCHMARK(BM_WorkWhileTheProgramComputes)->Iterations(1)->Repetitions(3)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_WorkWhileTheProgramComputes)
+    ->Args({100, 10, 500})
+    ->Args({1000, 1, 600})
+    ->Iterations(1)
+    ->Repetitions(3)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 // imap at chunksize 1 over 100,000 items: items per second. Args: spin_arg, workers.
 void BM_ImapChunksize1(benchmark::State& state) {

@@ -35,16 +35,23 @@ namespace {
 constexpr std::size_t kJobsPerWorker = 2;
 constexpr std::size_t kMaxJobsPerWorker = 16;
 constexpr auto kShortJob = std::chrono::microseconds(50);
-// Submitted from plain code, as many as this go to each worker at once (PoolCoreImpl::window_of).
+// Submitted from plain code, as many as this go to each worker at once (PoolCoreImpl::window_of):
+// the first while its jobs are short, which finish in moments anyway and cost less in smaller
+// batches (a working set that stays in cache); the second while they are long (or not yet
+// measured), so that seconds of work run while the program computes.
 constexpr std::size_t kDeepJobsPerWorker = 64;
+constexpr std::size_t kDeepLongJobsPerWorker = 1024;
 // A worker is sent no more once its jobs hold half the claim words (PoolWorker::has_claim_words_left):
 // a full window alone never comes to that.
-static_assert(kDeepJobsPerWorker < RunningSlot::kClaims / 2);
+static_assert(kDeepJobsPerWorker < RunningSlot::kClaims / 2 && kDeepLongJobsPerWorker < RunningSlot::kClaims / 2);
 // Workers in a row whose initializer threw before the pool gives up and fails its work with the
 // InitializerError (Python's pool would start new ones for ever).
 constexpr int kMaxInitializerFailures = 3;
 // A job whose worker dies before taking it up goes again at no cost, on the worker's word (its
-// RunningSlot), which a task can forge. Past this many such deaths it is charged as if it ran.
+// RunningSlot), which a task can forge: for the job it runs, which is its oldest in flight (a
+// worker takes its jobs in order, and every earlier one has answered). Past this many such
+// deaths that oldest job is charged as if it ran. The jobs behind it always go again for free:
+// a worker holds up to a deep window of them, and each of its deaths would charge them all.
 constexpr int kMaxFreeRequeues = 16;
 
 int default_processes() {
@@ -333,7 +340,8 @@ bool PoolCoreImpl::may_take(const PoolWorker& worker) const noexcept {
 // waits), a worker is given as many jobs as it may hold, so that all of it runs meanwhile, as
 // Python's pool keeps working in its threads. take_back_for_idle() evens out what that sent.
 std::size_t PoolCoreImpl::window_of(const PoolWorker& worker) const noexcept {
-  if (jobs_may_move() && !LoopInternals::driving(loop_)) return kDeepJobsPerWorker;
+  if (jobs_may_move() && !LoopInternals::driving(loop_))
+    return worker.schedule.window == kJobsPerWorker ? kDeepLongJobsPerWorker : kDeepJobsPerWorker;
   return worker.schedule.window;
 }
 
@@ -496,6 +504,7 @@ struct PoolCoreImpl::Death {
   // A worker takes its jobs in order: one that answered a later job than it claims to have
   // taken up lied (a task wrote the slot), and none of its jobs goes again for free.
   bool slot_forged;
+  std::uint64_t oldest_in_flight;  // the one it ran, if it ran any (kMaxFreeRequeues)
 };
 
 namespace {
@@ -518,8 +527,9 @@ PoolCoreImpl::Verdict PoolCoreImpl::fate_of(const Death& death, std::uint64_t id
   if (job.sink->abandoned()) return {Fate::drop, nullptr};
   if (job.pinned_worker >= 0) return {Fate::fail, lost()};  // what it needs died with the worker
   bool never_started = id > death.last_taken && !death.slot_forged;
-  if (never_started && job.free_requeues < kMaxFreeRequeues) {
-    ++job.free_requeues;
+  bool may_be_forged_for = id == death.oldest_in_flight;
+  if (never_started && (!may_be_forged_for || job.free_requeues < kMaxFreeRequeues)) {
+    if (may_be_forged_for) ++job.free_requeues;
     return {Fate::requeue, nullptr};
   }
   if (schedule.stopped_job) return {Fate::requeue, nullptr};  // lost only because we stopped another job there
@@ -535,8 +545,9 @@ void PoolCoreImpl::worker_gone(const std::shared_ptr<PoolWorker>& worker) {
     broken_ = worker->initializer_error();
 
   RunningSlot& slot = worker->slot();
-  Death death{*worker, slot.request_id.load(), false};
+  Death death{*worker, slot.request_id.load(), false, 0};
   death.slot_forged = death.last_taken < worker->last_replied();
+  if (!worker->in_flight().empty()) death.oldest_in_flight = worker->in_flight().begin()->first;
   std::vector<std::pair<std::shared_ptr<Job>, std::exception_ptr>> failed;
   std::deque<std::shared_ptr<Job>> requeued;  // to the front of the queue, in order
   for (auto& [id, job] : worker->in_flight()) {

@@ -309,6 +309,24 @@ TEST_P(WorkFailureTest, RandomKillsWithoutRetriesFailOnlyTasksThatRanOnTheKilled
   EXPECT_LE(lost, static_cast<int>(killed.size()));  // at most the one task each killed worker ran
 }
 
+int kill_its_worker(int) {
+  raise(SIGKILL);
+  return 0;
+}
+
+// Tasks that kill their worker, and jobs sent behind them that wait their turn: each death sends
+// the waiting jobs again for free, however many deaths they sit through (a deep window from plain
+// code holds them all in flight). Only the task that ran is charged: with no retries, it fails.
+TEST_P(WorkFailureTest, JobsWaitingBehindTasksThatKillTheirWorkerAreNotChargedForThoseDeaths) {
+  Pool pool(options(1, 0));
+  constexpr int kKillers = 24, kWaiting = 100;  // more deaths than a job's free requeues (16)
+  std::vector<AsyncResult<int>> killers, waiting;
+  for (int i = 0; i < kKillers; ++i) killers.push_back(pool.apply_async(kill_its_worker, i));
+  for (int i = 0; i < kWaiting; ++i) waiting.push_back(pool.apply_async(square, i));
+  for (auto& r : killers) EXPECT_THROW(r.get(30s), WorkerLost);
+  for (int i = 0; i < kWaiting; ++i) EXPECT_EQ(waiting[i].get(30s), i * i) << "job " << i << " was charged for deaths";
+}
+
 INSTANTIATE_TEST_SUITE_P(StartMethods, WorkFailureTest, test_support::all_start_methods(),
                          test_support::start_method_name);
 

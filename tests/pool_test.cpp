@@ -31,6 +31,7 @@
 #include <forkpool/ipc/private/link.hpp>
 #include <forkpool/pool/internal/task_message.hpp>
 #include <forkpool/pool/pool.hpp>
+#include <forkpool/pool/private/pool_internals.hpp>
 #include <forkpool/pool/worker_info.hpp>
 #include <forkpool/runtime/loop.hpp>
 #include <forkpool/runtime/show_progress.hpp>
@@ -338,12 +339,13 @@ TEST_P(PoolTest, AProgramThatOnlyPollsReadySeesAllItsWorkFinish) {
 }
 
 // Work given from plain code runs while the program computes without calling forkpool at all,
-// as Python's pool works on in its threads: each worker is sent all it may hold at once.
+// as Python's pool works on in its threads: each worker is sent all it may hold at once, up to
+// 1024 jobs while they are long (or not yet measured).
 TEST_P(PoolTest, WorkGivenFromPlainCodeRunsWhileTheProgramComputes) {
   Pool pool(options());
-  constexpr int kTasks = 24;  // twelve 10 ms tasks a worker: 0.12 s of work for each
+  constexpr int kTasks = 400;  // 200 tasks of 1 ms a worker: more than the 64 it holds of short ones
   std::vector<AsyncResult<int>> results;
-  for (int i = 0; i < kTasks; ++i) results.push_back(pool.apply_async(count_run_then_sleep, i, 10));
+  for (int i = 0; i < kTasks; ++i) results.push_back(pool.apply_async(count_run_then_sleep, i, 1));
   // The program's own work: it reads shared memory and sleeps, and calls nothing of forkpool's.
   test_support::eventually([] { return tasks_that_ran(kTasks) == kTasks; }, 10s);
   EXPECT_EQ(tasks_that_ran(kTasks), kTasks) << "only the jobs sent before the program went computing ran";
@@ -351,10 +353,17 @@ TEST_P(PoolTest, WorkGivenFromPlainCodeRunsWhileTheProgramComputes) {
 }
 
 // More than the workers may hold at once: what is still queued when a wait returns goes out
-// then, so it too runs while the program computes.
+// then, so it too runs while the program computes. The workers' windows are first widened by
+// trivial jobs, so that they are sent 64 each at the call (the window for short jobs); the wait
+// then finds these jobs long.
 TEST_P(PoolTest, WorkStillQueuedWhenAWaitReturnsRunsWhileTheProgramComputes) {
   Pool pool(options());
-  constexpr int kTasks = 160;  // 1 ms each; two workers are sent 64 each at first
+  std::vector<AsyncResult<int>> trivial;
+  for (int i = 0; i < 2000; ++i) trivial.push_back(pool.apply_async(square, i));
+  for (auto& r : trivial) r.get(10s);
+  if (detail::PoolInternals::core(pool).jobs_wanted() <= 2 * 2)
+    GTEST_SKIP() << "trivial jobs ran too slowly here to count as short: every job goes out at the call";
+  constexpr int kTasks = 300;  // 1 ms each; two workers are sent 64 each at first
   std::vector<AsyncResult<int>> results;
   for (int i = 0; i < kTasks; ++i) results.push_back(pool.apply_async(count_run_then_sleep, i, 1));
   EXPECT_EQ(results[40].get(10s), 40);

@@ -583,11 +583,12 @@ void notify_later(Condition condition, Event flag) {
 void report_locked(Lock lock, Queue<int> report) { report.put(lock.locked() ? 1 : 0); }
 
 // A blocking wait on a queue, an event or a pipe keeps the thread's pools going, as
-// AsyncResult::get() does: a pool sends each worker at most kDeepJobsPerWorker jobs at the call
+// AsyncResult::get() does: a pool sends each worker at most kDeepLongJobsPerWorker jobs at the call
 // and the rest as the loop reads results, so a wait that did not run the loop would stop the very
 // task that is to put the awaited item (Python's Pool feeds its workers from a thread). One
 // worker, more tasks than it is sent at once.
-constexpr int kPastTheWindow = 80;  // pool_core.cpp sends 64 a worker from plain code
+constexpr int kPastTheWindow = 1100;  // pool_core.cpp sends up to 1024 a worker from plain code
+int nothing_much(int i) { return i; }
 int put_its_number(Queue<int> queue, int i) {
   queue.put(i);
   return i;
@@ -620,7 +621,7 @@ TEST(BlockingWaitTest, ABlockingEventWaitKeepsThePoolGoing) {
   Pool pool({.processes = 1});
   Event event;
   std::vector<AsyncResult<int>> results;
-  for (int i = 0; i < kPastTheWindow; ++i) results.push_back(pool.apply_async(put_its_number, Queue<int>(), i));
+  for (int i = 0; i < kPastTheWindow; ++i) results.push_back(pool.apply_async(nothing_much, i));
   results.push_back(pool.apply_async(set_it, event, 0));  // behind the worker's window
   EXPECT_TRUE(event.wait(10s));
   for (auto& r : results) r.get();
@@ -677,7 +678,7 @@ int finish_an_item(JoinableQueue<int> queue, int) {
 // Tasks that fill the worker's window before the one that matters.
 std::vector<AsyncResult<int>> tasks_that_fill_the_window(Pool& pool) {
   std::vector<AsyncResult<int>> results;
-  for (int i = 0; i < kPastTheWindow; ++i) results.push_back(pool.apply_async(put_its_number, Queue<int>(), i));
+  for (int i = 0; i < kPastTheWindow; ++i) results.push_back(pool.apply_async(nothing_much, i));
   return results;
 }
 
@@ -729,7 +730,7 @@ TEST(BlockingWaitTest, ABlockingJoinKeepsThePoolGoingUntilEveryItemIsDone) {
 }
 
 int sleep_a_little(int) {
-  std::this_thread::sleep_for(1ms);
+  std::this_thread::sleep_for(100us);
   return 0;
 }
 int hold_until_set(Lock lock, Event held, Event go) {

@@ -82,7 +82,7 @@ enum MessageKind : std::uint16_t {
 // Claim words are reused: the parent never gives two unsettled jobs of one worker (in flight, or
 // withdrawn and not yet passed by the worker) the same one (PoolWorker::claim_word_free).
 struct RunningSlot {
-  static constexpr std::size_t kClaims = 256;  // pool_core.cpp: more than twice the most jobs a worker holds
+  static constexpr std::size_t kClaims = 4096;  // pool_core.cpp: more than twice the most jobs a worker holds
   static constexpr std::uint64_t kTaken = 1ull << 63;
   static constexpr std::uint64_t kWithdrawn = 1ull << 62;
   std::atomic<std::uint64_t> request_id;
@@ -102,8 +102,8 @@ struct RunningSlot {
     return false;
   }
 };
-static_assert(sizeof(RunningSlot) <= 4096);
-inline constexpr std::size_t kRunningSlotBytes = 4096;
+inline constexpr std::size_t kRunningSlotBytes = 9 * 4096;
+static_assert(sizeof(RunningSlot) <= kRunningSlotBytes);
 
 // A chunk is sent whole; when its worker dies, the part before the element that was running and
 // the part after it are sent again as ranges of the same payload (ElementRange, job_part()), and

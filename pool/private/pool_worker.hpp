@@ -70,7 +70,7 @@ class CodeObjects {
 };
 
 // Jobs sent to a worker and not answered, oldest first (ids rise in sending order). Answers come
-// oldest first as a rule: answering the oldest moves nothing (a deep window holds 64 jobs), and a
+// oldest first as a rule: answering the oldest moves nothing (a deep window holds up to 1024 jobs), and a
 // worker given one job at a time allocates nothing.
 class JobsInFlight {
  public:
