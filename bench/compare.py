@@ -264,11 +264,12 @@ if tensor:  # batches of 64 samples collated in the worker
 
 if torch_bench:
     for size, label in [(4 << 10, "4 KiB"), (1 << 20, "1024 KiB")]:
-        t = torch_bench.get(f"BM_TorchTensorRoundTrip/{size}/1/real_time")
-        f = torch_bench.get(f"BM_TorchTensorRoundTrip/{size}/0/real_time")
-        if t and f:
-            row(f"torch: torch::Tensor round trip, {label}", f"{ns(t) / 1e3:.2f} us",
-                f"{ns(t) / ns(f):.2f}x fp::Tensor's ({ns(f) / 1e3:.2f} us; target <= 1.1)")
+        for apart, placed in ((0, ""), (1, ", parent and worker pinned apart")):
+            t = torch_bench.get(f"BM_TorchTensorRoundTrip/{size}/1/{apart}/real_time")
+            f = torch_bench.get(f"BM_TorchTensorRoundTrip/{size}/0/{apart}/real_time")
+            if t and f:
+                row(f"torch: torch::Tensor round trip, {label}{placed}", f"{ns(t) / 1e3:.2f} us",
+                    f"{ns(t) / ns(f):.2f}x fp::Tensor's ({ns(f) / 1e3:.2f} us; target <= 1.1)")
         alternated = torch_bench.get(f"BM_TorchOverFpRoundTrip/{size}/real_time")
         if alternated:
             row(f"torch: torch::Tensor round trip, {label}, alternated with fp::Tensor's in one pool",

@@ -52,8 +52,6 @@ std::optional<std::chrono::nanoseconds> spin_arg(long arg) {
   return std::nullopt;
 }
 
-void pin_worker_to_cpu_1() { pin_to_cpu(1); }
-
 // Back to back, one in flight: the latency of a trivial task. Arg 0/1: spin_arg, two workers
 // where the scheduler puts them; 2: adaptive, one worker on CPU 1 and the parent on CPU 0 (as
 // BM_RawSpinThenFutexPingPong/1: every message crosses CPUs).

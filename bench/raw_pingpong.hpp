@@ -60,6 +60,9 @@ inline cpu_set_t pin_to_cpu(int cpu) {
   return before;
 }
 
+// A pool's initializer: its workers on CPU 1 (with the parent pinned to CPU 0: apart).
+inline void pin_worker_to_cpu_1() { pin_to_cpu(1); }
+
 // The parent and a forked child over a blocking SOCK_SEQPACKET socketpair. `apart`: the parent on
 // CPU 0 and the child on CPU 1, so every wake-up crosses CPUs (../shared/anchors/latency's
 // socket_seqpacket_cross); otherwise where the scheduler puts them, which flips between the two.

@@ -16,6 +16,8 @@
 #include <forkpool/shm/internal/block_table.hpp>
 #include <forkpool/torch.hpp>
 
+#include "raw_pingpong.hpp"
+
 namespace fp = forkpool;
 
 namespace {
@@ -36,9 +38,17 @@ fp::Tensor touch_ends_fp(fp::Tensor t) {
 
 // A shared torch::Tensor to a worker and back, as tensor_bench's BM_TensorRoundTrip does with
 // forkpool's Tensor; both here, same run: the ratio is what libtorch's tensor costs on top.
-// Arg 0: bytes; arg 1: 1 torch::Tensor, 0 fp::Tensor.
+// Arg 0: bytes; arg 1: 1 torch::Tensor, 0 fp::Tensor; arg 2: 1 the parent on CPU 0 and the worker
+// on CPU 1 (both runs placed alike), 0 where the scheduler puts them (each run its own way).
 void BM_TorchTensorRoundTrip(benchmark::State& state) {
-  fp::Pool pool({.processes = 1});
+  bool apart = state.range(2) != 0 && sysconf(_SC_NPROCESSORS_ONLN) >= 2;
+  fp::PoolOptions options{.processes = 1};
+  cpu_set_t before;
+  if (apart) {
+    options.initializer = pin_worker_to_cpu_1;
+    before = pin_to_cpu(0);
+  }
+  fp::Pool pool(options);
   std::int64_t floats = state.range(0) / 4;
   bool torch_tensor = state.range(1) != 0;
   at::Tensor t = fp::torch::zeros({floats}, at::kFloat);
@@ -54,9 +64,11 @@ void BM_TorchTensorRoundTrip(benchmark::State& state) {
     }
   };
   fp::run(body());
-  state.SetLabel(std::to_string(state.range(0) >> 10) + " KiB " + (torch_tensor ? "torch::Tensor" : "fp::Tensor"));
+  if (apart) sched_setaffinity(0, sizeof before, &before);
+  state.SetLabel(std::to_string(state.range(0) >> 10) + " KiB " + (torch_tensor ? "torch::Tensor" : "fp::Tensor") +
+                 (apart ? ", pinned apart" : ""));
 }
-BENCHMARK(BM_TorchTensorRoundTrip)->ArgsProduct({{4 << 10, 1 << 20}, {1, 0}})->UseRealTime();
+BENCHMARK(BM_TorchTensorRoundTrip)->ArgsProduct({{4 << 10, 1 << 20}, {1, 0}, {0, 1}})->UseRealTime();
 
 // The same two round trips, alternated in one pool and each timed, so that both have the same
 // worker on the same CPU in the same moment: the ratio BM_TorchTensorRoundTrip's two separate
