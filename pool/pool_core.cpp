@@ -35,6 +35,8 @@ namespace {
 constexpr std::size_t kJobsPerWorker = 2;
 constexpr std::size_t kMaxJobsPerWorker = 16;
 constexpr auto kShortJob = std::chrono::microseconds(50);
+// A window back at two says the worker's jobs are long (or not yet measured).
+bool jobs_are_long(const WorkerSchedule& schedule) noexcept { return schedule.window == kJobsPerWorker; }
 // Submitted from plain code, as many as this go to each worker at once (PoolCoreImpl::window_of):
 // the first while its jobs are short, which finish in moments anyway and cost less in smaller
 // batches (a working set that stays in cache); the second while they are long (or not yet
@@ -341,7 +343,7 @@ bool PoolCoreImpl::may_take(const PoolWorker& worker) const noexcept {
 // Python's pool keeps working in its threads. take_back_for_idle() evens out what that sent.
 std::size_t PoolCoreImpl::window_of(const PoolWorker& worker) const noexcept {
   if (jobs_may_move() && !LoopInternals::driving(loop_))
-    return worker.schedule.window == kJobsPerWorker ? kDeepLongJobsPerWorker : kDeepJobsPerWorker;
+    return jobs_are_long(worker.schedule) ? kDeepLongJobsPerWorker : kDeepJobsPerWorker;
   return worker.schedule.window;
 }
 
@@ -441,7 +443,7 @@ bool PoolCoreImpl::take_back_for_idle() {
       idle = w.get();
     // Short jobs (a window grown past two) drain fast where they are: moving them would cost more
     // than it saves, unless a worker holds more than its window (a deep send from plain code).
-    bool worth_moving = w->schedule.window == kJobsPerWorker || held > w->schedule.window;
+    bool worth_moving = jobs_are_long(w->schedule) || held > w->schedule.window;
     if (worth_moving && !w->exited() && !w->schedule.stopped_job && (!busiest || held > busiest->in_flight().size()))
       busiest = w.get();
   }

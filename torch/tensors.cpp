@@ -117,8 +117,7 @@ void remember_torch_storage(forkpool::detail::Storage::Binding& binding, c10::St
 
 // Whether `impl` still lies over `storage` (nobody gave it other memory since) and reaches its
 // first `bytes` (share_memory's torch storage may be shorter than the block it moved into).
-bool lies_over(const c10::StorageImpl& impl, const std::shared_ptr<forkpool::detail::Storage>& storage,
-               std::size_t bytes) {
+bool lies_over(const c10::StorageImpl& impl, const Holder& storage, std::size_t bytes) {
   const c10::DataPtr& data = impl.data_ptr();
   return holds_forkpool_memory(data) && holder_of(data) == storage && impl.nbytes() >= bytes;
 }
