@@ -614,7 +614,7 @@ TEST(BlockingWaitTest, ABlockingGetKeepsThePoolGoingUntilEveryTaskHasPutItsItem)
     got.insert(*item);
   }
   EXPECT_EQ(got.size(), static_cast<std::size_t>(kPastTheWindow));
-  for (auto& r : results) r.get();
+  for (auto& r : results) r.get(10s);
 }
 
 TEST(BlockingWaitTest, ABlockingEventWaitKeepsThePoolGoing) {
@@ -624,7 +624,7 @@ TEST(BlockingWaitTest, ABlockingEventWaitKeepsThePoolGoing) {
   for (int i = 0; i < kPastTheWindow; ++i) results.push_back(pool.apply_async(nothing_much, i));
   results.push_back(pool.apply_async(set_it, event, 0));  // behind the worker's window
   EXPECT_TRUE(event.wait(10s));
-  for (auto& r : results) r.get();
+  for (auto& r : results) r.get(10s);
 }
 
 TEST(BlockingWaitTest, ABlockingRecvKeepsThePoolGoing) {
@@ -688,7 +688,7 @@ TEST(BlockingWaitTest, ABlockingSemaphoreAcquireKeepsThePoolGoing) {
   std::vector<AsyncResult<int>> results = tasks_that_fill_the_window(pool);
   results.push_back(pool.apply_async(release_a_unit, semaphore, 0));
   EXPECT_TRUE(semaphore.acquire(10s)) << "the task that releases the unit never ran";
-  for (auto& r : results) r.get();
+  for (auto& r : results) r.get(10s);
 }
 
 TEST(BlockingWaitTest, ABlockingConditionWaitKeepsThePoolGoing) {
@@ -702,7 +702,7 @@ TEST(BlockingWaitTest, ABlockingConditionWaitKeepsThePoolGoing) {
   while (!flag.is_set() && std::chrono::steady_clock::now() < deadline) condition.wait_for(held, 1s);
   EXPECT_TRUE(flag.is_set()) << "the task that notifies never ran";
   held.unlock();
-  for (auto& r : results) r.get();
+  for (auto& r : results) r.get(10s);
 }
 
 TEST(BlockingWaitTest, ABlockingBarrierWaitKeepsThePoolGoing) {
@@ -712,9 +712,9 @@ TEST(BlockingWaitTest, ABlockingBarrierWaitKeepsThePoolGoing) {
   results.push_back(pool.apply_async(arrive_at, barrier, 0));
   int mine = -1;
   EXPECT_NO_THROW(mine = barrier.wait(10s)) << "the task that arrives never ran";
-  int theirs = results.back().get();
+  int theirs = results.back().get(10s);
   EXPECT_EQ(mine + theirs, 1);  // indices 0 and 1
-  for (auto& r : results) r.get();
+  for (auto& r : results) r.get(10s);
 }
 
 TEST(BlockingWaitTest, ABlockingJoinKeepsThePoolGoingUntilEveryItemIsDone) {
@@ -759,7 +759,7 @@ TEST(BlockingWaitTest, ABlockingLockKeepsThePoolGoing) {
   EXPECT_TRUE(lock.try_lock_for(10s)) << "the task that lets the holder go never ran";
   lock.unlock();
   EXPECT_EQ(results.front().get(), 1);
-  for (auto& r : results) r.get();
+  for (auto& r : results) r.get(10s);
 }
 
 int wait_for_it(Event event) { return event.wait(10s) ? 1 : 0; }

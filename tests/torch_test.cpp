@@ -169,7 +169,7 @@ TEST(TorchTest, ABlockGoesBackWhenTheLastTorchTensorOverItGoes) {
   {
     at::Tensor t = fpt::zeros({1 << 16});
     at::Tensor view = t.slice(0, 8, 64);
-    at::Tensor back = pool.apply_async(identity, view).get();
+    at::Tensor back = pool.apply_async(identity, view).get(10s);
     EXPECT_EQ(back.storage().unsafeGetStorageImpl(), t.storage().unsafeGetStorageImpl());
     EXPECT_GE(shared_memory_stats().in_use_bytes, before + (1 << 18));
   }
