@@ -81,13 +81,14 @@ at::ScalarType scalar_type_of(DType dtype) {
   throw Error("forkpool-torch: a tensor of an unknown dtype");
 }
 
-void check_shareable(const at::Tensor& tensor) {
+// The tensor's DType, when forkpool can share it; else an Error naming why not.
+DType check_shareable(const at::Tensor& tensor) {
   if (!tensor.defined()) throw Error("forkpool-torch: an undefined tensor cannot cross");
   if (!tensor.device().is_cpu())
     throw Error("forkpool-torch: a tensor on " + tensor.device().str() + " cannot cross: only CPU tensors are shared");
   if (tensor.layout() != at::kStrided) throw Error("forkpool-torch: a sparse tensor cannot cross: to_dense() it first");
   if (tensor.is_quantized()) throw Error("forkpool-torch: a quantized tensor cannot cross: dequantize() it first");
-  dtype_of(tensor.scalar_type());
+  return dtype_of(tensor.scalar_type());
 }
 
 // A DataPtr for share_memory's move in place (a torch storage not made here).
@@ -99,8 +100,12 @@ c10::DataPtr data_ptr_over(Holder storage) {
 std::vector<std::int64_t> vector_of(at::IntArrayRef values) { return {values.begin(), values.end()}; }
 std::span<const std::int64_t> span_of(at::IntArrayRef values) { return {values.data(), values.size()}; }
 
-// The forkpool storage under a shared tensor (is_shared).
-const Holder& storage_of(const at::Tensor& tensor) { return holder_of(tensor.storage().data_ptr()); }
+// The forkpool storage under `tensor` if it is shared (is_shared), else null.
+const Holder* shared_storage_of(const at::Tensor& tensor) {
+  if (!tensor.defined() || !tensor.has_storage()) return nullptr;
+  const c10::DataPtr& data = tensor.storage().data_ptr();
+  return holds_forkpool_memory(data) ? &holder_of(data) : nullptr;
+}
 
 // A forkpool storage keeps a weak handle to the torch storage over it (Storage::with_binding):
 // weak, since the torch storage holds the forkpool one.
@@ -171,9 +176,7 @@ at::Tensor tensor_over(const Holder& storage, std::int64_t byte_offset, std::spa
 
 }  // namespace
 
-bool is_shared(const at::Tensor& tensor) {
-  return tensor.defined() && tensor.has_storage() && holds_forkpool_memory(tensor.storage().data_ptr());
-}
+bool is_shared(const at::Tensor& tensor) { return shared_storage_of(tensor) != nullptr; }
 
 at::Tensor from_forkpool(const Tensor& tensor) {
   const Holder& storage = tensor.storage();
@@ -185,12 +188,11 @@ at::Tensor from_forkpool(const Tensor& tensor) {
 }
 
 Tensor to_forkpool(const at::Tensor& tensor) {
-  if (!is_shared(tensor))
-    throw Error("forkpool-torch: to_forkpool needs a tensor in shared memory (share_memory() it)");
+  const Holder* storage = shared_storage_of(tensor);
+  if (!storage) throw Error("forkpool-torch: to_forkpool needs a tensor in shared memory (share_memory() it)");
   auto element = static_cast<std::int64_t>(tensor.element_size());
-  return forkpool::detail::tensor_from_storage(storage_of(tensor), tensor.storage_offset() * element,
-                                               span_of(tensor.sizes()), span_of(tensor.strides()),
-                                               dtype_of(tensor.scalar_type()));
+  return forkpool::detail::tensor_from_storage(*storage, tensor.storage_offset() * element, span_of(tensor.sizes()),
+                                               span_of(tensor.strides()), dtype_of(tensor.scalar_type()));
 }
 
 at::Tensor empty(at::IntArrayRef sizes, const c10::TensorOptions& options) {
@@ -242,22 +244,23 @@ at::Tensor collate(std::vector<at::Tensor> samples) {
 namespace forkpool {
 
 void codec<at::Tensor>::encode(Writer& w, const at::Tensor& tensor) {
-  torch::check_shareable(tensor);
-  if (tensor.requires_grad() && !tensor.is_leaf())
+  DType dtype = torch::check_shareable(tensor);
+  bool requires_grad = tensor.requires_grad();
+  if (requires_grad && !tensor.is_leaf())
     throw Error(
         "forkpool-torch: a non-leaf tensor that requires grad cannot cross (autograd state does not): detach() it");
-  if (torch::is_shared(tensor)) {  // as codec<Tensor> writes its to_forkpool(), without making it
+  if (const torch::Holder* storage = torch::shared_storage_of(tensor)) {
+    // As codec<Tensor> writes its to_forkpool(), without making it.
     auto element = static_cast<std::int64_t>(tensor.element_size());
-    detail::encode_tensor_view(w, torch::storage_of(tensor), tensor.storage_offset() * element,
-                               torch::span_of(tensor.sizes()), torch::span_of(tensor.strides()),
-                               torch::dtype_of(tensor.scalar_type()));
+    detail::encode_tensor_view(w, *storage, tensor.storage_offset() * element, torch::span_of(tensor.sizes()),
+                               torch::span_of(tensor.strides()), dtype);
   } else {  // copied once into shared memory
     at::Tensor contiguous = tensor.detach().contiguous();
-    Tensor copy = Tensor::empty(torch::vector_of(contiguous.sizes()), torch::dtype_of(contiguous.scalar_type()));
+    Tensor copy = Tensor::empty(torch::vector_of(contiguous.sizes()), dtype);
     if (copy.nbytes() > 0) std::memcpy(copy.raw_data(), contiguous.data_ptr(), copy.nbytes());
     codec<Tensor>::encode(w, copy);
   }
-  w.write(static_cast<std::uint8_t>(tensor.requires_grad()));
+  w.write(static_cast<std::uint8_t>(requires_grad));
 }
 
 at::Tensor codec<at::Tensor>::decode(Reader& r) {
