@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <optional>
 #include <thread>
 #include <numeric>
@@ -176,6 +177,27 @@ TEST(TorchTest, ABlockGoesBackWhenTheLastTorchTensorOverItGoes) {
   EXPECT_EQ(shared_memory_stats().in_use_bytes, before);
 }
 
+at::Tensor write_threes_then_die(at::Tensor t) {
+  t.fill_(3);
+  std::_Exit(9);
+}
+
+// A worker killed while it holds the caller's torch tensor: its writes stay (the memory is
+// shared), the pool goes on with the same tensor, and the block still goes back at the end.
+TEST(TorchTest, AWorkerThatDiesHoldingATensorLeavesItWholeAndItsBlockStillGoesBack) {
+  Pool pool({.processes = 1});
+  std::size_t before = shared_memory_stats().in_use_bytes;
+  {
+    at::Tensor t = fpt::zeros({1 << 12});
+    EXPECT_THROW(pool.apply_async(write_threes_then_die, t).get(30s), WorkerLost);
+    EXPECT_EQ(t.sum().item<float>(), 3.0f * (1 << 12));
+    at::Tensor back = pool.apply_async(fill_with_sevens, t).get(30s);
+    EXPECT_EQ(back.storage().unsafeGetStorageImpl(), t.storage().unsafeGetStorageImpl());
+    EXPECT_EQ(t.sum().item<float>(), 7.0f * (1 << 12));
+  }
+  EXPECT_EQ(shared_memory_stats().in_use_bytes, before);
+}
+
 at::Tensor a_new_tensor(int index) { return fpt::empty({16}).fill_(index); }
 
 // Each result is a block of a recycled slab, not a descriptor of its own.
@@ -187,6 +209,27 @@ TEST(TorchTest, TwentyThousandTensorsFromWorkersKeptByTheParentHoldUnder64Descri
   std::vector<at::Tensor> kept = pool.map_async(a_new_tensor, indices).get();
   EXPECT_LT(test_support::open_fd_count() - before, 64);
   for (int i = 0; i < 20'000; i += 997) EXPECT_EQ(kept[i][15].item<float>(), static_cast<float>(i));
+}
+
+// Each worker runs one task and is replaced: the tensors it made stay valid in the parent after
+// it is gone (the parent maps its slabs), and the parent lets go of that memory when they go.
+TEST(TorchTest, TensorsAWorkerMadeOutliveTheWorker) {
+  std::size_t mapped_before = shared_memory_stats().mapped_bytes;
+  std::vector<at::Tensor> kept;
+  {
+    Pool pool({.processes = 1, .maxtasksperchild = 1});
+    std::vector<int> indices(12);
+    std::iota(indices.begin(), indices.end(), 0);
+    kept = pool.map_async(a_new_tensor, indices, 1).get(60s);
+  }
+  ASSERT_EQ(kept.size(), 12u);
+  for (int i = 0; i < 12; ++i) {
+    EXPECT_TRUE(fpt::is_shared(kept[i]));
+    EXPECT_EQ(kept[i].sum().item<float>(), 16.0f * i) << "tensor " << i;
+  }
+  EXPECT_GT(shared_memory_stats().mapped_bytes, mapped_before);
+  kept.clear();
+  EXPECT_EQ(shared_memory_stats().mapped_bytes, mapped_before);
 }
 
 void produce(Queue<at::Tensor> q) {
