@@ -40,7 +40,9 @@ bool jobs_are_long(const WorkerSchedule& schedule) noexcept { return schedule.wi
 // Submitted from plain code, as many as this go to each worker at once (PoolCoreImpl::window_of):
 // the first while its jobs are short, which finish in moments anyway and cost less in smaller
 // batches (a working set that stays in cache); the second while they are long (or not yet
-// measured), so that seconds of work run while the program computes.
+// measured), so that seconds of work run while the program computes. Judged by whole drains
+// (close_drain): a round of long jobs given from plain code is read hundreds at once at its
+// waits, and must not look short to the next.
 constexpr std::size_t kDeepJobsPerWorker = 64;
 constexpr std::size_t kDeepLongJobsPerWorker = 1024;
 // A worker is sent no more once its jobs hold half the claim words (PoolWorker::has_claim_words_left):
@@ -55,6 +57,14 @@ constexpr int kMaxInitializerFailures = 3;
 // deaths that oldest job is charged as if it ran. The jobs behind it always go again for free:
 // a worker holds up to a deep window of them, and each of its deaths would charge them all.
 constexpr int kMaxFreeRequeues = 16;
+
+// The drain of replies being read is over: its jobs took, together, from the mark to it.
+void close_drain(WorkerSchedule& schedule) noexcept {
+  if (schedule.finished_in_drain == 0) return;
+  schedule.drained_long = schedule.drain_time - schedule.drain_mark >= kShortJob * schedule.finished_in_drain;
+  schedule.drain_mark = schedule.drain_time;
+  schedule.finished_in_drain = 0;
+}
 
 int default_processes() {
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
@@ -104,6 +114,7 @@ class PoolCoreImpl final : public PoolCore,
   void hold_sends() override { ++sends_held_; }
   void release_sends() override {
     if (--sends_held_ > 0) return;
+    for (auto& w : workers_) close_drain(w->schedule);  // the drain is over
     held_time_.reset();
     flush_workers();
   }
@@ -343,7 +354,7 @@ bool PoolCoreImpl::may_take(const PoolWorker& worker) const noexcept {
 // Python's pool keeps working in its threads. take_back_for_idle() evens out what that sent.
 std::size_t PoolCoreImpl::window_of(const PoolWorker& worker) const noexcept {
   if (jobs_may_move() && !LoopInternals::driving(loop_))
-    return jobs_are_long(worker.schedule) ? kDeepLongJobsPerWorker : kDeepJobsPerWorker;
+    return worker.schedule.drained_long ? kDeepLongJobsPerWorker : kDeepJobsPerWorker;
   return worker.schedule.window;
 }
 
@@ -393,7 +404,9 @@ void PoolCoreImpl::send_queued() {
       // since schedule_time's), which serves as the mark as well: one clock read a round trip.
       bool timed = options_.task_timeout > std::chrono::nanoseconds::zero();
       Clock::time_point now = timed ? Clock::now() : schedule_time();
+      close_drain(schedule);       // what it finished before, on its own
       schedule.window_mark = now;  // time idle says nothing of its jobs' length
+      schedule.drain_mark = now;
       schedule.finished_since_mark = 0;
       if (timed) schedule.running_since = now;
     }
@@ -483,6 +496,12 @@ void PoolCoreImpl::job_finished(PoolWorker& worker, bool served) {
     initializer_failures_ = 0;  // a worker that serves proves the initializer can succeed
     WorkerSchedule& schedule = worker.schedule;
     Clock::time_point now = schedule_time();
+    if (now != schedule.drain_time) {  // the first result of a new drain: the last one is over
+      close_drain(schedule);
+      schedule.drain_time = now;
+    }
+    ++schedule.finished_in_drain;
+    if (sends_held_ == 0) close_drain(schedule);  // read on its own: a drain of one
     // Jobs are judged on average since the mark, not one by one: results read in one drain of
     // the ring all finish "now", and all but the first would look as if they took no time.
     ++schedule.finished_since_mark;

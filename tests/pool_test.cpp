@@ -352,6 +352,21 @@ TEST_P(PoolTest, WorkGivenFromPlainCodeRunsWhileTheProgramComputes) {
   for (int i = 0; i < kTasks; ++i) EXPECT_EQ(results[i].get(10s), i);
 }
 
+// Round after round: the results of a round arrive in one drain at its waits, which must not
+// make its long jobs look short (finished all at once) and the next round's go out 64 a worker.
+TEST_P(PoolTest, WorkGivenFromPlainCodeRunsWhileTheProgramComputesRoundAfterRound) {
+  Pool pool(options());
+  constexpr int kTasks = 400;  // 1 ms each, 200 a worker
+  for (int round = 0; round < 3; ++round) {
+    for (auto& r : shared()->runs) r = 0;
+    std::vector<AsyncResult<int>> results;
+    for (int i = 0; i < kTasks; ++i) results.push_back(pool.apply_async(count_run_then_sleep, i, 1));
+    test_support::eventually([] { return tasks_that_ran(kTasks) == kTasks; }, 10s);
+    ASSERT_EQ(tasks_that_ran(kTasks), kTasks) << "round " << round << ": only the jobs sent at the calls ran";
+    for (int i = 0; i < kTasks; ++i) ASSERT_EQ(results[i].get(10s), i);
+  }
+}
+
 // More than the workers may hold at once: what is still queued when a wait returns goes out
 // then, so it too runs while the program computes. The workers' windows are first widened by
 // trivial jobs, so that they are sent 64 each at the call (the window for short jobs); the wait

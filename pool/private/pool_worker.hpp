@@ -123,6 +123,13 @@ struct WorkerSchedule {
   std::size_t window = 0;           // jobs it may hold at once (the core sets it when it starts)
   Clock::time_point window_mark;    // since when finished jobs are counted to judge their length
   std::size_t finished_since_mark = 0;
+  // Whether its jobs are long as judged by whole drains of replies (results read at one time,
+  // schedule_time()), for the deep window; not yet measured: long. The window's judgement, one
+  // result at a time, sees all but the first of a drain as instant.
+  bool drained_long = true;
+  Clock::time_point drain_mark;  // the end of the last drain judged, or when it was last idle
+  Clock::time_point drain_time;  // of the drain being read
+  std::size_t finished_in_drain = 0;
 };
 
 class PoolWorker : public std::enable_shared_from_this<PoolWorker> {
