@@ -341,30 +341,31 @@ TEST_P(PoolTest, AProgramThatOnlyPollsReadySeesAllItsWorkFinish) {
 // Work given from plain code runs while the program computes without calling forkpool at all,
 // as Python's pool works on in its threads: each worker is sent all it may hold at once, up to
 // 1024 jobs while they are long (or not yet measured).
-TEST_P(PoolTest, WorkGivenFromPlainCodeRunsWhileTheProgramComputes) {
-  Pool pool(options());
-  constexpr int kTasks = 400;  // 200 tasks of 1 ms a worker: more than the 64 it holds of short ones
+// 400 tasks of 1 ms given from plain code (200 a worker: more than the 64 it holds of short
+// ones) all run while the program computes, then every result is read (in one drain or a few).
+void expect_work_given_from_plain_code_to_run_meanwhile(Pool& pool, const std::string& round) {
+  constexpr int kTasks = 400;
+  for (auto& r : shared()->runs) r = 0;
   std::vector<AsyncResult<int>> results;
   for (int i = 0; i < kTasks; ++i) results.push_back(pool.apply_async(count_run_then_sleep, i, 1));
   // The program's own work: it reads shared memory and sleeps, and calls nothing of forkpool's.
   test_support::eventually([] { return tasks_that_ran(kTasks) == kTasks; }, 10s);
-  EXPECT_EQ(tasks_that_ran(kTasks), kTasks) << "only the jobs sent before the program went computing ran";
-  for (int i = 0; i < kTasks; ++i) EXPECT_EQ(results[i].get(10s), i);
+  ASSERT_EQ(tasks_that_ran(kTasks), kTasks) << round << "only the jobs sent before the program went computing ran";
+  for (int i = 0; i < kTasks; ++i) ASSERT_EQ(results[i].get(10s), i);
+}
+
+TEST_P(PoolTest, WorkGivenFromPlainCodeRunsWhileTheProgramComputes) {
+  Pool pool(options());
+  expect_work_given_from_plain_code_to_run_meanwhile(pool, "");
 }
 
 // Round after round: the results of a round arrive in one drain at its waits, which must not
 // make its long jobs look short (finished all at once) and the next round's go out 64 a worker.
 TEST_P(PoolTest, WorkGivenFromPlainCodeRunsWhileTheProgramComputesRoundAfterRound) {
   Pool pool(options());
-  constexpr int kTasks = 400;  // 1 ms each, 200 a worker
-  for (int round = 0; round < 3; ++round) {
-    for (auto& r : shared()->runs) r = 0;
-    std::vector<AsyncResult<int>> results;
-    for (int i = 0; i < kTasks; ++i) results.push_back(pool.apply_async(count_run_then_sleep, i, 1));
-    test_support::eventually([] { return tasks_that_ran(kTasks) == kTasks; }, 10s);
-    ASSERT_EQ(tasks_that_ran(kTasks), kTasks) << "round " << round << ": only the jobs sent at the calls ran";
-    for (int i = 0; i < kTasks; ++i) ASSERT_EQ(results[i].get(10s), i);
-  }
+  for (int round = 0; round < 3; ++round)
+    ASSERT_NO_FATAL_FAILURE(
+        expect_work_given_from_plain_code_to_run_meanwhile(pool, "round " + std::to_string(round) + ": "));
 }
 
 // More than the workers may hold at once: what is still queued when a wait returns goes out

@@ -589,6 +589,13 @@ void report_locked(Lock lock, Queue<int> report) { report.put(lock.locked() ? 1 
 // worker, more tasks than it is sent at once.
 constexpr int kPastTheWindow = 1100;  // pool_core.cpp sends up to 1024 a worker from plain code
 int nothing_much(int i) { return i; }
+// Tasks that fill the worker's window before the one that matters.
+std::vector<AsyncResult<int>> tasks_that_fill_the_window(Pool& pool) {
+  std::vector<AsyncResult<int>> results;
+  for (int i = 0; i < kPastTheWindow; ++i) results.push_back(pool.apply_async(nothing_much, i));
+  return results;
+}
+
 int put_its_number(Queue<int> queue, int i) {
   queue.put(i);
   return i;
@@ -620,8 +627,7 @@ TEST(BlockingWaitTest, ABlockingGetKeepsThePoolGoingUntilEveryTaskHasPutItsItem)
 TEST(BlockingWaitTest, ABlockingEventWaitKeepsThePoolGoing) {
   Pool pool({.processes = 1});
   Event event;
-  std::vector<AsyncResult<int>> results;
-  for (int i = 0; i < kPastTheWindow; ++i) results.push_back(pool.apply_async(nothing_much, i));
+  std::vector<AsyncResult<int>> results = tasks_that_fill_the_window(pool);
   results.push_back(pool.apply_async(set_it, event, 0));  // behind the worker's window
   EXPECT_TRUE(event.wait(10s));
   for (auto& r : results) r.get(10s);
@@ -673,13 +679,6 @@ int finish_an_item(JoinableQueue<int> queue, int) {
   std::optional<int> item = queue.get(10s);
   if (item) queue.task_done();
   return item.value_or(-1);
-}
-
-// Tasks that fill the worker's window before the one that matters.
-std::vector<AsyncResult<int>> tasks_that_fill_the_window(Pool& pool) {
-  std::vector<AsyncResult<int>> results;
-  for (int i = 0; i < kPastTheWindow; ++i) results.push_back(pool.apply_async(nothing_much, i));
-  return results;
 }
 
 TEST(BlockingWaitTest, ABlockingSemaphoreAcquireKeepsThePoolGoing) {
