@@ -12,6 +12,8 @@
 
 #include <forkpool/forkpool.hpp>
 #include <forkpool/torch.hpp>
+#include <forkpool/ipc/internal/channel.hpp>
+#include <forkpool/shm/tensor_codec.hpp>
 
 #include "support.hpp"
 
@@ -136,6 +138,36 @@ TEST(TorchTest, ViewsEmptyAndZeroDimTensorsRoundTripAsTheSameMemory) {
     if (sent.numel() > 0) {
       EXPECT_EQ(back.data_ptr(), sent.data_ptr());
     }
+  }
+}
+
+// A forkpool view may start inside an element (its offset counts bytes); a torch one cannot
+// (its offset counts elements). Such a view is an error, from_forkpool's or the decoder's, and
+// never a tensor shifted to the element before.
+TEST(TorchTest, AViewStartingInsideAnElementIsAnErrorAndNeverAShiftedTensor) {
+  Tensor bytes = Tensor::empty({16}, DType::u8);
+  Tensor inside = Tensor::from_storage(bytes.storage(), 2, {2}, {1}, DType::f32);
+  try {
+    (void)fpt::from_forkpool(inside);
+    ADD_FAILURE() << "from_forkpool made a tensor of a view 2 bytes into a float";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not at a whole element of 4 bytes"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(fpt::from_forkpool(Tensor::from_storage(bytes.storage(), 4, {2}, {1}, DType::f32)).storage_offset(), 1);
+
+  // The same view in a message, as a torch::Tensor's bytes: the forkpool view, then its
+  // requires_grad flag.
+  auto [a, b] = detail::Channel::make_pair();
+  Writer w = encode(inside);
+  w.write(std::uint8_t{0});
+  a.send(1, 1, w.bytes(), w.fds());
+  detail::Message m = b.receive();
+  Reader r = m.reader();
+  try {
+    (void)r.read<at::Tensor>();
+    ADD_FAILURE() << "a torch::Tensor was decoded from a view 2 bytes into a float";
+  } catch (const ProtocolError& e) {
+    EXPECT_NE(std::string(e.what()).find("starts 2 bytes into its storage"), std::string::npos) << e.what();
   }
 }
 

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/Storage.h>
 
+#include <bit>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -156,11 +157,25 @@ c10::Storage torch_storage_over(const Holder& storage, std::size_t reach, Rememb
   return made ? std::move(*made) : c10::Storage(std::move(known));
 }
 
-// A torch::Tensor over `storage`, viewed as given, which reaches `extent` bytes from its offset
-// (a view checked already: a decoded one, or a forkpool::Tensor's).
-at::Tensor tensor_over(const Holder& storage, std::int64_t byte_offset, std::span<const std::int64_t> shape,
+// A torch storage offset counts elements, a forkpool one bytes: a forkpool view may start inside
+// an element, and then no torch::Tensor can be that view. (Element sizes are powers of two: a
+// shift, where a division cost a decode about 10 ns.)
+std::optional<std::int64_t> element_offset(std::int64_t byte_offset, DType dtype) {
+  int shift = std::countr_zero(element_size(dtype));
+  if (byte_offset & ((std::int64_t{1} << shift) - 1)) return std::nullopt;
+  return byte_offset >> shift;
+}
+
+std::string misplaced_view(std::int64_t byte_offset, DType dtype) {
+  return "starts " + std::to_string(byte_offset) + " bytes into its storage, not at a whole element of " +
+         std::to_string(element_size(dtype)) + " bytes";
+}
+
+// A torch::Tensor over `storage`, viewed as given (its offset in elements), which reaches `extent`
+// bytes from its offset (a view checked already: a decoded one, or a forkpool::Tensor's).
+at::Tensor tensor_over(const Holder& storage, std::int64_t offset, std::span<const std::int64_t> shape,
                        std::span<const std::int64_t> strides, DType dtype, std::size_t extent, Remember remember) {
-  std::size_t reach = static_cast<std::size_t>(byte_offset) + extent;
+  std::size_t reach = static_cast<std::size_t>(offset) * element_size(dtype) + extent;
   c10::Storage shared = torch_storage_over(storage, reach, remember);
   // Built as at::for_blob builds its tensor: no dispatched op (at::empty and set_ took about
   // a third of a small tensor's round trip).
@@ -170,7 +185,7 @@ at::Tensor tensor_over(const Holder& storage, std::int64_t byte_offset, std::spa
   c10::TensorImpl* impl = out.unsafeGetTensorImpl();
   impl->set_sizes_and_strides(at::IntArrayRef(shape.data(), shape.size()),
                               at::IntArrayRef(strides.data(), strides.size()));
-  impl->set_storage_offset(byte_offset / static_cast<std::int64_t>(element_size(dtype)));
+  impl->set_storage_offset(offset);
   return out;
 }
 
@@ -181,10 +196,13 @@ bool is_shared(const at::Tensor& tensor) { return shared_storage_of(tensor) != n
 at::Tensor from_forkpool(const Tensor& tensor) {
   const Holder& storage = tensor.storage();
   if (!storage || !storage->is_shared()) throw Error("forkpool-torch: from_forkpool needs a tensor in shared memory");
+  std::optional<std::int64_t> offset = element_offset(tensor.storage_offset(), tensor.dtype());
+  if (!offset)
+    throw Error("forkpool-torch: from_forkpool: the tensor " + misplaced_view(tensor.storage_offset(), tensor.dtype()) +
+                ", which a torch::Tensor cannot start at");
   std::size_t extent = forkpool::detail::view_extent(tensor.shape(), tensor.strides(), element_size(tensor.dtype()))
                            .value_or(storage->size());
-  return tensor_over(storage, tensor.storage_offset(), tensor.shape(), tensor.strides(), tensor.dtype(), extent,
-                     Remember::yes);
+  return tensor_over(storage, *offset, tensor.shape(), tensor.strides(), tensor.dtype(), extent, Remember::yes);
 }
 
 Tensor to_forkpool(const at::Tensor& tensor) {
@@ -268,8 +286,10 @@ at::Tensor codec<at::Tensor>::decode(Reader& r) {
   detail::decode_tensor_view(r, view);
   bool requires_grad = r.read<std::uint8_t>() != 0;
   if (!view.storage || !view.storage->is_shared()) r.fail("a torch::Tensor arrived without shared memory under it");
-  at::Tensor out = torch::tensor_over(view.storage, view.byte_offset, view.shape(), view.strides(), view.dtype,
-                                      view.extent, torch::Remember::no);
+  std::optional<std::int64_t> offset = torch::element_offset(view.byte_offset, view.dtype);
+  if (!offset) r.fail("a torch::Tensor arrived that " + torch::misplaced_view(view.byte_offset, view.dtype));
+  at::Tensor out = torch::tensor_over(view.storage, *offset, view.shape(), view.strides(), view.dtype, view.extent,
+                                      torch::Remember::no);
   if (requires_grad) out.requires_grad_(true);
   return out;
 }
