@@ -278,19 +278,25 @@ void codec<at::Tensor>::encode(Writer& w, const at::Tensor& tensor) {
     if (copy.nbytes() > 0) std::memcpy(copy.raw_data(), contiguous.data_ptr(), copy.nbytes());
     codec<Tensor>::encode(w, copy);
   }
-  w.write(static_cast<std::uint8_t>(requires_grad));
+  w.write(requires_grad);
 }
 
 at::Tensor codec<at::Tensor>::decode(Reader& r) {
   detail::TensorView view;  // as codec<Tensor> reads it, without making the Tensor
   detail::decode_tensor_view(r, view);
-  bool requires_grad = r.read<std::uint8_t>() != 0;
+  bool requires_grad = r.read<bool>();
   if (!view.storage || !view.storage->is_shared()) r.fail("a torch::Tensor arrived without shared memory under it");
   std::optional<std::int64_t> offset = torch::element_offset(view.byte_offset, view.dtype);
   if (!offset) r.fail("a torch::Tensor arrived that " + torch::misplaced_view(view.byte_offset, view.dtype));
   at::Tensor out = torch::tensor_over(view.storage, *offset, view.shape(), view.strides(), view.dtype, view.extent,
                                       torch::Remember::no);
-  if (requires_grad) out.requires_grad_(true);
+  if (requires_grad) {
+    // (libtorch throws its own c10::Error for the others; a message that says so is malformed.)
+    if (!at::isFloatingType(out.scalar_type()))
+      r.fail(std::string("a torch::Tensor of dtype ") + c10::toString(out.scalar_type()) +
+             " arrived requiring grad, which only floating dtypes can");
+    out.requires_grad_(true);
+  }
   return out;
 }
 
