@@ -103,6 +103,18 @@ TEST(TorchTest, WhatCannotCrossIsAnErrorBeforeAnythingIsSent) {
   EXPECT_NE(refused(::torch::ones({2}, at::kComplexFloat)).find("dtype"), std::string::npos);
   at::Tensor leaf = ::torch::ones({2}, ::torch::requires_grad());
   EXPECT_NE(refused(leaf * 2).find("requires grad"), std::string::npos);
+  // What a tensor is beyond its memory and view: values read through a negation or conjugation
+  // bit, names, nested tensors, and zero tensors with no memory. Each is refused, shared or not
+  // (torch.multiprocessing refuses names; the bits it would lose).
+  at::Tensor shared = fpt::zeros({2, 3});
+  EXPECT_NE(refused(shared._neg_view()).find("negative view"), std::string::npos);
+  EXPECT_NE(refused(::torch::ones({2})._neg_view()).find("negative view"), std::string::npos);
+  std::vector<at::Dimname> names{at::Dimname::fromSymbol(at::Symbol::dimname("rows")),
+                                 at::Dimname::fromSymbol(at::Symbol::dimname("columns"))};
+  EXPECT_NE(refused(shared.rename(names)).find("named"), std::string::npos);
+  EXPECT_NE(refused(at::_nested_tensor_from_tensor_list({::torch::ones({2}), ::torch::ones({3})})).find("nested"),
+            std::string::npos);
+  EXPECT_NE(refused(at::_efficientzerotensor({4})).find("zero tensor"), std::string::npos);
   at::Tensor back = pool.apply_async(identity, leaf).get();  // a leaf crosses with its flag
   EXPECT_TRUE(back.requires_grad());
 }

@@ -87,8 +87,18 @@ DType check_shareable(const at::Tensor& tensor) {
   if (!tensor.defined()) throw Error("forkpool-torch: an undefined tensor cannot cross");
   if (!tensor.device().is_cpu())
     throw Error("forkpool-torch: a tensor on " + tensor.device().str() + " cannot cross: only CPU tensors are shared");
+  if (tensor.is_nested()) throw Error("forkpool-torch: a nested tensor cannot cross: send its tensors (unbind())");
   if (tensor.layout() != at::kStrided) throw Error("forkpool-torch: a sparse tensor cannot cross: to_dense() it first");
   if (tensor.is_quantized()) throw Error("forkpool-torch: a quantized tensor cannot cross: dequantize() it first");
+  // What a tensor is beyond its memory and view, which would not cross (each a bit to test).
+  if (tensor.is_neg())
+    throw Error("forkpool-torch: a negative view cannot cross (its values are read negated): resolve_neg() it first");
+  if (tensor._is_zerotensor())
+    throw Error("forkpool-torch: a zero tensor (no memory under it) cannot cross: clone() it first");
+  if (tensor.has_names())
+    throw Error(
+        "forkpool-torch: a named tensor cannot cross (its names do not, as in torch.multiprocessing): "
+        "rename(c10::nullopt) it first");
   return dtype_of(tensor.scalar_type());
 }
 

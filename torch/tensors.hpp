@@ -6,8 +6,9 @@
 // torch::Tensor over the same recycled block: when its last user lets go, the block goes home.
 //
 // requires_grad crosses as a flag (autograd state does not); a non-leaf tensor that requires
-// grad is an Error (detach() it), as in torch.multiprocessing. CUDA, sparse and quantized
-// tensors, and dtypes without a forkpool DType (complex), are an Error before anything is sent.
+// grad is an Error (detach() it), as in torch.multiprocessing. CUDA, sparse, quantized and nested
+// tensors, dtypes without a forkpool DType (complex), negative views, named tensors and zero
+// tensors are an Error before anything is sent.
 //
 //   torch::Tensor w = forkpool::torch::zeros({1024, 1024});    // in shared memory
 //   co_await pool.apply_async(train_step, w);                    // the worker writes w itself
