@@ -89,6 +89,33 @@ TEST(TorchTest, ShareMemoryMovesTheStorageInPlaceForEveryTensorOnIt) {
 
 at::Tensor identity(at::Tensor t) { return t; }
 
+// As torch::empty: a memory format lays the block out its way, and the layout crosses.
+TEST(TorchTest, SharedTensorsTakeTheMemoryFormatTheyAreMadeWith) {
+  auto channels_last = at::TensorOptions().memory_format(at::MemoryFormat::ChannelsLast);
+  at::Tensor image = fpt::zeros({2, 3, 4, 5}, channels_last);
+  EXPECT_EQ(image.strides(), ::torch::empty({2, 3, 4, 5}, channels_last).strides());
+  EXPECT_TRUE(image.is_contiguous(at::MemoryFormat::ChannelsLast));
+  EXPECT_EQ(image.sum().item<float>(), 0.0f);
+  auto volume = at::TensorOptions().dtype(at::kDouble).memory_format(at::MemoryFormat::ChannelsLast3d);
+  EXPECT_TRUE(fpt::empty({1, 2, 3, 4, 5}, volume).is_contiguous(at::MemoryFormat::ChannelsLast3d));
+  Pool pool({.processes = 1});
+  at::Tensor back = pool.apply_async(identity, image).get();
+  EXPECT_EQ(back.strides(), image.strides());
+  EXPECT_EQ(back.data_ptr(), image.data_ptr());
+
+  auto refused = [](auto make) -> std::string {
+    try {
+      make();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "made";
+  };
+  EXPECT_NE(refused([&] { fpt::empty({3, 4, 5}, channels_last); }).find("channels_last needs 4"), std::string::npos);
+  EXPECT_NE(refused([] { fpt::empty({3}, at::TensorOptions().layout(at::kSparse)); }).find("sparse"),
+            std::string::npos);
+}
+
 TEST(TorchTest, WhatCannotCrossIsAnErrorBeforeAnythingIsSent) {
   Pool pool({.processes = 1});
   auto refused = [&](const at::Tensor& t) -> std::string {

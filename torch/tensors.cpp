@@ -225,8 +225,20 @@ Tensor to_forkpool(const at::Tensor& tensor) {
 
 at::Tensor empty(at::IntArrayRef sizes, const c10::TensorOptions& options) {
   if (!options.device().is_cpu()) throw Error("forkpool-torch: shared tensors live on the CPU");
+  if (options.layout() != at::kStrided) throw Error("forkpool-torch: shared tensors are dense (strided), not sparse");
   DType dtype = dtype_of(c10::typeMetaToScalarType(options.dtype()));
   at::Tensor out = from_forkpool(Tensor::empty(vector_of(sizes), dtype));
+  // A memory format lays the same dense block out another way, as torch::empty does.
+  at::MemoryFormat format = options.memory_format_opt().value_or(at::MemoryFormat::Contiguous);
+  if (format != at::MemoryFormat::Contiguous) {
+    std::int64_t rank = format == at::MemoryFormat::ChannelsLast     ? 4
+                        : format == at::MemoryFormat::ChannelsLast3d ? 5
+                                                                     : -1;
+    if (out.dim() != rank)
+      throw Error(std::string("forkpool-torch: memory format ") + c10::toString(format) + " for a tensor of " +
+                  std::to_string(out.dim()) + " dimensions (channels_last needs 4, channels_last_3d 5)");
+    out.unsafeGetTensorImpl()->empty_tensor_restride(format);
+  }
   if (options.requires_grad()) out.requires_grad_(true);
   return out;
 }

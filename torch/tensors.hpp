@@ -24,8 +24,9 @@
 
 namespace forkpool::torch {
 
-// A tensor whose storage is forkpool shared memory (options: dtype; the device must be CPU).
-// Throws Error for a dtype or device forkpool cannot share.
+// A tensor whose storage is forkpool shared memory (options: dtype, requires_grad, a memory
+// format such as channels_last; the device must be CPU, the layout strided). Throws Error for
+// a dtype, device, layout or memory format forkpool cannot make.
 at::Tensor empty(at::IntArrayRef sizes, const c10::TensorOptions& options = {});
 at::Tensor zeros(at::IntArrayRef sizes, const c10::TensorOptions& options = {});
 // Moves `tensor`'s storage into shared memory in place (every tensor on that storage follows),
