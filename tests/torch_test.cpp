@@ -116,6 +116,26 @@ TEST(TorchTest, SharedTensorsTakeTheMemoryFormatTheyAreMadeWith) {
             std::string::npos);
 }
 
+// As torch.multiprocessing, which moves the storage: an ordinary tensor whose elements are dense
+// keeps its strides (a transpose, channels_last); one that is not (a slice) arrives dense, in
+// its memory format.
+TEST(TorchTest, AnOrdinaryTensorArrivesLaidOutAsItWas) {
+  Pool pool({.processes = 1});
+  at::Tensor values = ::torch::arange(120, at::kFloat).view({2, 3, 4, 5});
+  at::Tensor image = values.contiguous(at::MemoryFormat::ChannelsLast);
+  at::Tensor slice = image.slice(1, 0, 2);
+  for (const at::Tensor& sent : {values.view({6, 20}).t(), image, values.permute({3, 1, 0, 2}), slice}) {
+    ASSERT_FALSE(fpt::is_shared(sent));
+    at::Tensor back = pool.apply_async(identity, sent).get();
+    EXPECT_TRUE(::torch::equal(back, sent));
+    if (sent.is_non_overlapping_and_dense())
+      EXPECT_EQ(back.strides(), sent.strides());
+    else
+      EXPECT_EQ(back.strides(), sent.contiguous(sent.suggest_memory_format()).strides());
+  }
+  EXPECT_TRUE(pool.apply_async(identity, slice).get().is_contiguous(at::MemoryFormat::ChannelsLast));
+}
+
 TEST(TorchTest, WhatCannotCrossIsAnErrorBeforeAnythingIsSent) {
   Pool pool({.processes = 1});
   auto refused = [&](const at::Tensor& t) -> std::string {

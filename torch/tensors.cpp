@@ -294,11 +294,17 @@ void codec<at::Tensor>::encode(Writer& w, const at::Tensor& tensor) {
     auto element = static_cast<std::int64_t>(tensor.element_size());
     detail::encode_tensor_view(w, *storage, tensor.storage_offset() * element, torch::span_of(tensor.sizes()),
                                torch::span_of(tensor.strides()), dtype);
-  } else {  // copied once into shared memory
-    at::Tensor contiguous = tensor.detach().contiguous();
-    Tensor copy = Tensor::empty(torch::vector_of(contiguous.sizes()), dtype);
-    if (copy.nbytes() > 0) std::memcpy(copy.raw_data(), contiguous.data_ptr(), copy.nbytes());
-    codec<Tensor>::encode(w, copy);
+  } else {
+    // Copied once into shared memory, laid out as it is when its elements are dense (a transpose,
+    // channels_last: torch.multiprocessing moves the storage, strides and all), else made dense
+    // in its memory format first.
+    at::Tensor dense = tensor.is_non_overlapping_and_dense()
+                           ? tensor.detach()
+                           : tensor.detach().contiguous(tensor.suggest_memory_format());
+    Tensor copy = Tensor::empty({dense.numel()}, dtype);
+    if (copy.nbytes() > 0) std::memcpy(copy.raw_data(), dense.data_ptr(), copy.nbytes());
+    detail::encode_tensor_view(w, copy.storage(), 0, torch::span_of(dense.sizes()), torch::span_of(dense.strides()),
+                               dtype);
   }
   w.write(requires_grad);
 }
