@@ -85,6 +85,10 @@ TEST(TorchTest, ShareMemoryMovesTheStorageInPlaceForEveryTensorOnIt) {
   Pool pool({.processes = 1});
   pool.apply_async(fill_with_sevens, view).get();
   EXPECT_EQ(t[0].item<float>(), 7.0f);
+  // As torch's share_memory_(): shared storage cannot grow (a grown one would leave shared memory
+  // for memory of its own, unseen by the workers).
+  EXPECT_THROW(t.resize_({1000}), c10::Error);
+  EXPECT_TRUE(fpt::is_shared(t));
 }
 
 at::Tensor identity(at::Tensor t) { return t; }

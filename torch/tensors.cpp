@@ -257,8 +257,10 @@ at::Tensor& share_memory(at::Tensor& tensor) {
   std::size_t bytes = storage.nbytes();
   Tensor block = Tensor::empty({static_cast<std::int64_t>(std::max<std::size_t>(bytes, 1))}, DType::u8);
   if (bytes > 0) std::memcpy(block.raw_data(), storage.data(), bytes);
-  // The storage itself moves: every tensor on it sees shared memory from here on.
+  // The storage itself moves: every tensor on it sees shared memory from here on. It no longer
+  // grows, as torch's shared storages: grown, it would leave for memory of its own.
   storage.unsafeGetStorageImpl()->set_data_ptr_noswap(data_ptr_over(block.storage()));
+  storage.unsafeGetStorageImpl()->set_resizable(false);
   block.storage()->with_binding([&](forkpool::detail::Storage::Binding& binding) {
     remember_torch_storage(binding, storage.unsafeGetStorageImpl());
   });
