@@ -61,8 +61,9 @@ int main(int argc, char** argv) {
   int processes = argc > 1 ? std::atoi(argv[1]) : 4;
   int steps = argc > 2 ? std::atoi(argv[2]) : 400;
   ::torch::nn::Linear model(kFeatures, kClasses);
+  fp::torch::share_memory(*model);  // as model.share_memory() in Python
   std::vector<at::Tensor> shared;
-  for (at::Tensor& parameter : model->parameters()) shared.push_back(fp::torch::share_memory(parameter).detach());
+  for (const at::Tensor& parameter : model->parameters()) shared.push_back(parameter.detach());
   Evaluation before = evaluate(model);
   auto started = std::chrono::steady_clock::now();
   fp::spawn(train, processes, processes, shared, steps);

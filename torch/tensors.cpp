@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/Storage.h>
+#include <torch/nn/module.h>
 
 #include <bit>
 #include <cstring>
@@ -202,6 +203,15 @@ at::Tensor tensor_over(const Holder& storage, std::int64_t offset, std::span<con
 }  // namespace
 
 bool is_shared(const at::Tensor& tensor) { return shared_storage_of(tensor) != nullptr; }
+
+::torch::nn::Module& share_memory(::torch::nn::Module& module) {
+  // (Each a handle on the module's own tensor: its storage moves for the module too.)
+  for (at::Tensor tensor : module.parameters())
+    if (tensor.defined()) share_memory(tensor);
+  for (at::Tensor tensor : module.buffers())
+    if (tensor.defined()) share_memory(tensor);
+  return module;
+}
 
 at::Tensor from_forkpool(const Tensor& tensor) {
   const Holder& storage = tensor.storage();

@@ -22,6 +22,10 @@
 #include <forkpool/ipc/codec.hpp>
 #include <forkpool/shm/tensor.hpp>
 
+namespace torch::nn {
+class Module;  // <torch/nn/module.h>, which this header need not cost its users
+}
+
 namespace forkpool::torch {
 
 // A tensor whose storage is forkpool shared memory (options: dtype, requires_grad, a memory
@@ -32,6 +36,12 @@ at::Tensor zeros(at::IntArrayRef sizes, const c10::TensorOptions& options = {});
 // Moves `tensor`'s storage into shared memory in place (every tensor on that storage follows),
 // as torch's share_memory_(); nothing to do when it is there already. Returns `tensor`.
 at::Tensor& share_memory(at::Tensor& tensor);
+// Every parameter and buffer of `module` and its submodules, as torch's Module.share_memory():
+// the module's own tensors move, so a copy of the module's parameters sent to a worker is
+// the model itself. Returns `module`.
+//   auto model = torch::nn::Linear(16, 4);
+//   forkpool::torch::share_memory(*model);
+::torch::nn::Module& share_memory(::torch::nn::Module& module);
 bool is_shared(const at::Tensor& tensor);
 
 // A DataLoader collate for torch::Tensor samples: one batch tensor in shared memory, stacked
