@@ -29,7 +29,7 @@ StartedWorker fork_worker(const WorkerSpec& spec, int index, UniqueFd channel) {
   pid_t parent = getpid();
   pid_t pid = fork_helper();
   if (pid < 0) throw_last_errno("forkpool: fork");
-  if (pid == 0) worker_main(spec, index, parent, std::move(channel));
+  if (pid == 0) worker_main(spec, WorkerStart::forked, index, parent, std::move(channel));
   return {pid, watch_child(pid), std::move(objects)};
 }
 

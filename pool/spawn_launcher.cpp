@@ -70,7 +70,7 @@ const char* const kCallInitFirst =
     bootstrap.send(kReady, 0, {});
     UniqueFd channel = std::move(message.fds[0]);
     message = {};
-    worker_main(spec, index, static_cast<pid_t>(parent), std::move(channel), std::move(objects));
+    worker_main(spec, WorkerStart::spawned, index, static_cast<pid_t>(parent), std::move(channel), std::move(objects));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "forkpool: spawned worker %d: %s\n", index, e.what());
   }

@@ -4,9 +4,13 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstdio>
 #include <exception>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 
@@ -80,6 +84,15 @@ void serve_task(WorkerLink& link, Message& task, PeerMemory& memory, RunningSlot
 
 bool is_loose(std::uint16_t kind) { return kind == kReleaseMessage; }
 
+std::array<std::atomic<ForkedWorkerHook>, kMaxForkedWorkerHooks> forked_worker_hooks{};
+std::atomic<int> forked_worker_hook_count{0};
+
+void run_forked_worker_hooks() noexcept {
+  int count = std::min(forked_worker_hook_count.load(std::memory_order_acquire), kMaxForkedWorkerHooks);
+  for (int i = 0; i < count; ++i)
+    if (ForkedWorkerHook hook = forked_worker_hooks[i].load(std::memory_order_acquire)) hook();
+}
+
 // The parent's first message: who this worker is (worker_info()), the slot it reports its
 // running task in, and its link's rings and eventfds.
 struct Hello {
@@ -108,7 +121,13 @@ void receive_hello(Channel& channel, Hello& hello) {
 
 }  // namespace
 
-void worker_main(const WorkerSpec& spec, int index, pid_t parent, UniqueFd channel_fd,
+void add_forked_worker_hook(ForkedWorkerHook hook) {
+  int slot = forked_worker_hook_count.fetch_add(1, std::memory_order_acq_rel);
+  if (slot >= kMaxForkedWorkerHooks) throw std::length_error("forkpool: too many forked-worker hooks");
+  forked_worker_hooks[slot].store(hook, std::memory_order_release);
+}
+
+void worker_main(const WorkerSpec& spec, WorkerStart start, int index, pid_t parent, UniqueFd channel_fd,
                  ObjectTranslation objects) noexcept {
   std::string name = spec.process_name.empty() ? "forkpool-worker-" + std::to_string(index) : spec.process_name;
   int fd = become_helper_process(name, parent, channel_fd.release());
@@ -127,6 +146,7 @@ void worker_main(const WorkerSpec& spec, int index, pid_t parent, UniqueFd chann
     receive_hello(channel, hello);
     WorkerLink& link = *hello.link;
     auto& running = *reinterpret_cast<RunningSlot*>(hello.slot.data());
+    if (start == WorkerStart::forked) run_forked_worker_hooks();
     if (spec.initializer) {
       try {
         spec.initializer();

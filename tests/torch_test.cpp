@@ -150,6 +150,33 @@ TEST(TorchTest, SharingAModuleSharesEveryParameterAndBufferInPlace) {
   for (const at::Tensor& t : model->buffers()) EXPECT_TRUE(::torch::equal(t, before[i++] + 1));
 }
 
+int threads_after_a_parallel_sum() {
+  (void)::torch::ones({1 << 22}).sum().item<float>();  // ATen's parallel_for over 4M elements
+  return at::get_num_threads();
+}
+
+void two_threads() { at::set_num_threads(2); }
+
+// libgomp keeps the parent's OpenMP team across a fork without its threads: a forked worker's
+// first parallel op waited for them for ever (pytorch#17199). Forked workers run libtorch on one
+// thread, as torch's DataLoader workers; an initializer runs after and may choose more where the
+// fork server started clean (main's init(), as here).
+TEST(TorchTest, AForkedWorkerRunsParallelOpsAfterTheParentRanThem) {
+  int before = at::get_num_threads();
+  at::set_num_threads(2);  // (one core's VM defaults to 1: make the parent's team)
+  EXPECT_EQ(threads_after_a_parallel_sum(), 2);
+  for (StartMethod method : {StartMethod::fork, StartMethod::forkserver}) {
+    SCOPED_TRACE(static_cast<int>(method));
+    Pool pool({.processes = 1, .start_method = method});
+    AsyncResult<int> threads = pool.apply_async(threads_after_a_parallel_sum);
+    ASSERT_TRUE(threads.wait(20s)) << "the worker's parallel sum never finished";
+    EXPECT_EQ(threads.get(), 1);
+  }
+  Pool chosen({.processes = 1, .initializer = two_threads, .start_method = StartMethod::forkserver});
+  EXPECT_EQ(chosen.apply_async(threads_after_a_parallel_sum).get(20s), 2);
+  at::set_num_threads(before);
+}
+
 // As torch.multiprocessing, which moves the storage: an ordinary tensor whose elements are dense
 // keeps its strides (a transpose, channels_last); one that is not (a slice) arrives dense, in
 // its memory format.

@@ -1,6 +1,7 @@
 #include <forkpool/torch/tensors.hpp>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <c10/core/Storage.h>
 #include <torch/nn/module.h>
 
@@ -13,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include <forkpool/pool/private/worker.hpp>
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/shm/internal/storage.hpp>
 #include <forkpool/shm/tensor_codec.hpp>
@@ -199,6 +201,18 @@ at::Tensor tensor_over(const Holder& storage, std::int64_t offset, std::span<con
   impl->set_storage_offset(offset);
   return out;
 }
+
+// A worker forked from a parent (or a fork server) that ran libtorch's parallel ops has
+// libtorch's OpenMP state without its threads, and its first parallel op would wait for them for
+// ever (pytorch#17199). Forked workers run libtorch's ops on one thread, as torch's DataLoader
+// workers do; an initializer may choose more where the fork server started clean (init()).
+void one_thread_in_forked_workers() noexcept {
+  try {
+    at::set_num_threads(1);
+  } catch (...) {}
+}
+[[maybe_unused]] const bool registered =
+    (forkpool::detail::add_forked_worker_hook(&one_thread_in_forked_workers), true);
 
 }  // namespace
 
