@@ -1,5 +1,6 @@
 #include <forkpool/pool/internal/pool_core.hpp>
 
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <stop_token>
 #include <string>
 #include <tuple>
+#include <type_traits>
 
 #include <forkpool/pool/private/launcher.hpp>
 #include <forkpool/pool/private/pool_worker.hpp>
@@ -57,6 +59,23 @@ constexpr int kMaxInitializerFailures = 3;
 // deaths that oldest job is charged as if it ran. The jobs behind it always go again for free:
 // a worker holds up to a deep window of them, and each of its deaths would charge them all.
 constexpr int kMaxFreeRequeues = 16;
+
+// When a job starts, for its task_timeout deadline: a time never before the true one, so that no
+// task is stopped early, read cheaply, since it is read on every round trip. The coarse clock is
+// the kernel's time at its last tick, without reading the clock source (a few ns, where
+// steady_clock's read costs 30-45 ns on these VMs); it counts the same monotonic time and lags
+// by under a tick, which is added. A deadline may then fall up to a tick late (1-4 ms).
+Clock::time_point no_earlier_than_now() noexcept {
+  static const std::chrono::nanoseconds tick = [] {
+    timespec resolution{};
+    clock_getres(CLOCK_MONOTONIC_COARSE, &resolution);
+    return std::chrono::seconds(resolution.tv_sec) + std::chrono::nanoseconds(resolution.tv_nsec);
+  }();
+  static_assert(std::is_same_v<Clock, std::chrono::steady_clock>);  // CLOCK_MONOTONIC, as the coarse one
+  timespec coarse{};
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &coarse);
+  return Clock::time_point(std::chrono::seconds(coarse.tv_sec) + std::chrono::nanoseconds(coarse.tv_nsec) + tick);
+}
 
 // The drain of replies being read is over: its jobs took, together, from the mark to it.
 void close_drain(WorkerSchedule& schedule) noexcept {
@@ -400,15 +419,14 @@ void PoolCoreImpl::send_queued() {
     queue_.pop_front();
     WorkerSchedule& schedule = worker->schedule;
     if (worker->in_flight().empty()) {
-      // It starts this one at once. A deadline needs the true time (a drain may have run long
-      // since schedule_time's), which serves as the mark as well: one clock read a round trip.
-      bool timed = options_.task_timeout > std::chrono::nanoseconds::zero();
-      Clock::time_point now = timed ? Clock::now() : schedule_time();
+      // It starts this one at once. (Its deadline needs the time now, where schedule_time's may
+      // be a drain's old one: no_earlier_than_now.)
+      Clock::time_point now = schedule_time();
       close_drain(schedule);       // what it finished before, on its own
       schedule.window_mark = now;  // time idle says nothing of its jobs' length
       schedule.drain_mark = now;
       schedule.finished_since_mark = 0;
-      if (timed) schedule.running_since = now;
+      if (options_.task_timeout > std::chrono::nanoseconds::zero()) schedule.running_since = no_earlier_than_now();
     }
     if (options_.maxtasksperchild > 0 && ++schedule.assigned >= options_.maxtasksperchild) schedule.retiring = true;
     std::uint64_t id = ++next_request_id_;
@@ -513,7 +531,7 @@ void PoolCoreImpl::job_finished(PoolWorker& worker, bool served) {
     }
     // It has taken up the next.
     if (!worker.in_flight().empty() && options_.task_timeout > std::chrono::nanoseconds::zero())
-      schedule.running_since = Clock::now();
+      schedule.running_since = no_earlier_than_now();
   }
   dispatch();  // after close(), this also retires the worker once it is idle
 }
