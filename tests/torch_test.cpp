@@ -520,6 +520,40 @@ TEST(TorchTest, ADataLoaderOfTorchSamplesStacksThemIntoSharedBatches) {
   EXPECT_EQ(batches[1][1][2].item<float>(), 5.0f);
 }
 
+struct LabelledRows {
+  std::size_t size() const { return 6; }
+  std::pair<at::Tensor, std::int64_t> get(std::size_t index) const {
+    return {::torch::full({2, 3}, static_cast<double>(index), at::kFloat), static_cast<std::int64_t>(10 + index)};
+  }
+};
+struct Measurements {
+  std::size_t size() const { return 5; }
+  std::tuple<double, at::Tensor, bool> get(std::size_t index) const {
+    return {0.5 * static_cast<double>(index), ::torch::arange(4, at::kInt) + static_cast<int>(index), index % 2 == 1};
+  }
+};
+
+// As torch's default_collate takes (image, label) samples: one shared batch tensor per field.
+TEST(TorchTest, ADataLoaderOfPairsOrTuplesCollatesEachFieldIntoASharedBatch) {
+  DataLoader labelled(LabelledRows{}, {.batch_size = 4}, &fpt::collate_fields<std::pair<at::Tensor, std::int64_t>>);
+  std::vector<std::pair<at::Tensor, at::Tensor>> batches;
+  for (auto& [images, labels] : labelled) batches.emplace_back(images, labels);
+  ASSERT_EQ(batches.size(), 2u);
+  auto& [images, labels] = batches[1];
+  EXPECT_TRUE(fpt::is_shared(images) && fpt::is_shared(labels));
+  EXPECT_EQ(images.sizes(), (std::vector<std::int64_t>{2, 2, 3}));
+  EXPECT_EQ(images[1][1][2].item<float>(), 5.0f);
+  EXPECT_EQ(labels.scalar_type(), at::kLong);
+  EXPECT_TRUE(::torch::equal(labels, ::torch::tensor({14, 15}, at::kLong)));
+
+  DataLoader measured(Measurements{}, {.batch_size = 5}, &fpt::collate_fields<std::tuple<double, at::Tensor, bool>>);
+  for (auto& [scale, values, odd] : measured) {
+    EXPECT_TRUE(::torch::equal(scale, ::torch::tensor({0.0, 0.5, 1.0, 1.5, 2.0}, at::kDouble)));
+    EXPECT_TRUE(::torch::equal(values[4], ::torch::arange(4, at::kInt) + 4));
+    EXPECT_TRUE(::torch::equal(odd, ::torch::tensor({false, true, false, true, false})));
+  }
+}
+
 at::Tensor a_batch(int index) {
   at::Tensor t = fpt::empty({4096});
   t.fill_(index);

@@ -16,7 +16,13 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/TensorOptions.h>
 
+#include <c10/core/ScalarType.h>
+
 #include <cstdint>
+#include <stdexcept>
+#include <tuple>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <forkpool/ipc/codec.hpp>
@@ -49,10 +55,77 @@ bool is_shared(const at::Tensor& tensor);
 //   forkpool::DataLoader loader(images, {.batch_size = 64}, &forkpool::torch::collate);
 at::Tensor collate(std::vector<at::Tensor> samples);
 
+// A DataLoader collate for samples that are pairs or tuples of tensors and numbers, as torch's
+// default_collate takes an (image, label) sample: one batch tensor per field, in shared memory.
+// Tensor fields stack as `collate` stacks them; number fields (int64_t, int, double, float,
+// bool, ...) make a 1-D tensor of their own dtype. Give the sample type, as a collate is a
+// function pointer:
+//   forkpool::DataLoader loader(labelled, {.batch_size = 64},
+//                               &forkpool::torch::collate_fields<std::pair<at::Tensor, std::int64_t>>);
+//   for (auto& [images, labels] : loader) ...
+template <class Sample>
+auto collate_fields(std::vector<Sample> samples);
+
 // The same memory seen the other way: a forkpool Tensor over a shared torch tensor's storage
 // (Error when it is not shared), and a torch tensor over a forkpool Tensor's.
 Tensor to_forkpool(const at::Tensor& tensor);
 at::Tensor from_forkpool(const Tensor& tensor);
+
+namespace detail {
+
+// A field of a collate_fields sample: a tensor, or a number libtorch has a dtype for.
+template <class Field>
+concept CollatedField = std::is_same_v<Field, at::Tensor> ||
+    (std::is_arithmetic_v<Field>&& requires { c10::CppTypeToScalarType<Field>::value; });
+
+template <class Sample>
+struct FieldsOf;
+template <class... Fields>
+struct FieldsOf<std::tuple<Fields...>> {
+  template <class... T>
+  using Batch = std::tuple<T...>;
+};
+template <class A, class B>
+struct FieldsOf<std::pair<A, B>> {
+  template <class T, class U>
+  using Batch = std::pair<T, U>;
+};
+
+// Field `I` of every sample, as one batch tensor.
+template <std::size_t I, class Sample>
+at::Tensor collate_field(const std::vector<Sample>& samples) {
+  using Field = std::tuple_element_t<I, Sample>;
+  static_assert(CollatedField<Field>, "forkpool-torch: collate_fields: each field is an at::Tensor or a number");
+  if constexpr (std::is_same_v<Field, at::Tensor>) {
+    std::vector<at::Tensor> tensors;
+    tensors.reserve(samples.size());
+    for (const Sample& sample : samples) tensors.push_back(std::get<I>(sample));
+    return collate(std::move(tensors));
+  } else {
+    if (samples.empty()) throw std::invalid_argument("forkpool-torch: collate_fields: a batch without samples");
+    at::Tensor batch = empty({static_cast<std::int64_t>(samples.size())},
+                             c10::TensorOptions().dtype(c10::CppTypeToScalarType<Field>::value));
+    Field* values = batch.data_ptr<Field>();
+    for (std::size_t i = 0; i < samples.size(); ++i) values[i] = std::get<I>(samples[i]);
+    return batch;
+  }
+}
+
+template <std::size_t>
+using TensorOfField = at::Tensor;
+
+template <class Sample, std::size_t... I>
+auto collate_each_field(const std::vector<Sample>& samples, std::index_sequence<I...>) {
+  using Batch = typename FieldsOf<Sample>::template Batch<TensorOfField<I>...>;
+  return Batch{collate_field<I>(samples)...};
+}
+
+}  // namespace detail
+
+template <class Sample>
+auto collate_fields(std::vector<Sample> samples) {
+  return detail::collate_each_field(samples, std::make_index_sequence<std::tuple_size_v<Sample>>{});
+}
 
 }  // namespace forkpool::torch
 
