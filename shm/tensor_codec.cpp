@@ -1,5 +1,6 @@
 #include <forkpool/shm/tensor_codec.hpp>
 
+#include <stdexcept>
 #include <string>
 
 #include <forkpool/runtime/error.hpp>
@@ -27,6 +28,11 @@ const char StorageConversation::kKind = 0;
 
 void encode_tensor_view(Writer& w, const std::shared_ptr<Storage>& storage, std::int64_t byte_offset,
                         std::span<const std::int64_t> shape, std::span<const std::int64_t> strides, DType dtype) {
+  // Refused here, not where it arrives: there it would read as a malformed message.
+  if (shape.size() > TensorView::kMaxDims)
+    throw std::invalid_argument("forkpool: a tensor of " + std::to_string(shape.size()) +
+                                " dimensions cannot be sent: a receiver reads at most " +
+                                std::to_string(TensorView::kMaxDims));
   if (!storage) {
     w.write(StorageKind::none);
     return;

@@ -51,6 +51,34 @@ Tensor through_channel(const Tensor& tensor) {
   return out;
 }
 
+Tensor same_tensor(Tensor t) { return t; }
+Tensor with_dims(int dims) {
+  return Tensor::zeros(std::vector<std::int64_t>(static_cast<std::size_t>(dims), 1), DType::f32);
+}
+
+// A receiver reads at most 64 dimensions (what a message may claim is bounded before anything is
+// mapped): a tensor with more is refused where it is sent, never taken for a malformed message
+// where it arrives (a worker's result that the parent refused as malformed would cost the worker).
+TEST(TensorTest, ATensorOfMoreDimensionsThanAReceiverReadsIsRefusedWhereItIsSent) {
+  Pool pool({.processes = 1});
+  pid_t worker = pool.worker_pids().at(0);
+  EXPECT_EQ(pool.apply_async(same_tensor, with_dims(64)).get(10s).dim(), 64);
+  try {
+    pool.apply_async(same_tensor, with_dims(65)).get(10s);
+    ADD_FAILURE() << "a tensor of 65 dimensions was sent";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("65 dimensions"), std::string::npos) << e.what();
+  }
+  try {
+    pool.apply_async(with_dims, 65).get(10s);
+    ADD_FAILURE() << "a worker's tensor of 65 dimensions arrived";
+  } catch (const RemoteError& e) {
+    EXPECT_NE(e.message().find("65 dimensions"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(pool.apply_async(with_dims, 3).get(10s).dim(), 3);
+  EXPECT_EQ(pool.worker_pids().at(0), worker);  // the same worker served on
+}
+
 Tensor fill_ones(Tensor t) {
   float* data = t.data<float>();
   for (std::int64_t i = 0; i < t.numel(); ++i) data[i] = 1.0f;
