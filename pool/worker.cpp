@@ -1,16 +1,13 @@
 #include <forkpool/pool/private/worker.hpp>
 
+#include <dlfcn.h>
 #include <malloc.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <algorithm>
-#include <array>
-#include <atomic>
 #include <cstdio>
 #include <exception>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <tuple>
 
@@ -84,13 +81,15 @@ void serve_task(WorkerLink& link, Message& task, PeerMemory& memory, RunningSlot
 
 bool is_loose(std::uint16_t kind) { return kind == kReleaseMessage; }
 
-std::array<std::atomic<ForkedWorkerHook>, kMaxForkedWorkerHooks> forked_worker_hooks{};
-std::atomic<int> forked_worker_hook_count{0};
-
-void run_forked_worker_hooks() noexcept {
-  int count = std::min(forked_worker_hook_count.load(std::memory_order_acquire), kMaxForkedWorkerHooks);
-  for (int i = 0; i < count; ++i)
-    if (ForkedWorkerHook hook = forked_worker_hooks[i].load(std::memory_order_acquire)) hook();
+// A worker forked from a parent (or a fork server) that ran OpenMP's parallel regions (libtorch's
+// ops, say) has the OpenMP runtime's team without its threads: libgomp's next parallel region
+// on the forked thread waits for them for ever (pytorch#17199). Forked workers run OpenMP on one
+// thread, as torch's DataLoader workers run libtorch; the initializer, run after, may choose
+// more where the fork server started clean (init() first). The runtime's own call, found where
+// the program loaded it: a program without OpenMP has none to make.
+void one_openmp_thread() noexcept {
+  using SetThreads = void (*)(int);
+  if (auto set_threads = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"))) set_threads(1);
 }
 
 // The parent's first message: who this worker is (worker_info()), the slot it reports its
@@ -121,12 +120,6 @@ void receive_hello(Channel& channel, Hello& hello) {
 
 }  // namespace
 
-void add_forked_worker_hook(ForkedWorkerHook hook) {
-  int slot = forked_worker_hook_count.fetch_add(1, std::memory_order_acq_rel);
-  if (slot >= kMaxForkedWorkerHooks) throw std::length_error("forkpool: too many forked-worker hooks");
-  forked_worker_hooks[slot].store(hook, std::memory_order_release);
-}
-
 void worker_main(const WorkerSpec& spec, WorkerStart start, int index, pid_t parent, UniqueFd channel_fd,
                  ObjectTranslation objects) noexcept {
   std::string name = spec.process_name.empty() ? "forkpool-worker-" + std::to_string(index) : spec.process_name;
@@ -146,7 +139,7 @@ void worker_main(const WorkerSpec& spec, WorkerStart start, int index, pid_t par
     receive_hello(channel, hello);
     WorkerLink& link = *hello.link;
     auto& running = *reinterpret_cast<RunningSlot*>(hello.slot.data());
-    if (start == WorkerStart::forked) run_forked_worker_hooks();
+    if (start == WorkerStart::forked) one_openmp_thread();
     if (spec.initializer) {
       try {
         spec.initializer();

@@ -1,7 +1,5 @@
 #include <forkpool/torch/tensors.hpp>
 
-#include <dlfcn.h>
-
 #include <ATen/ATen.h>
 #include <c10/core/Storage.h>
 #include <torch/nn/module.h>
@@ -15,7 +13,6 @@
 #include <string>
 #include <vector>
 
-#include <forkpool/pool/private/worker.hpp>
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/shm/internal/storage.hpp>
 #include <forkpool/shm/tensor_codec.hpp>
@@ -202,20 +199,6 @@ at::Tensor tensor_over(const Holder& storage, std::int64_t offset, std::span<con
   impl->set_storage_offset(offset);
   return out;
 }
-
-// A worker forked from a parent (or a fork server) that ran libtorch's parallel ops has
-// libtorch's OpenMP state without its threads: the forked thread's team names threads the fork
-// did not copy, and its first parallel op would wait for them for ever (pytorch#17199). Forked
-// workers run libtorch's ops on one thread, as torch's DataLoader workers do; an initializer may
-// choose more where the fork server started clean (init()). The OpenMP runtime's own call, found
-// where libtorch loaded it: at::set_num_threads would also make libtorch's pthreadpool, starting
-// threads in every worker for nothing.
-void one_thread_in_forked_workers() noexcept {
-  using SetThreads = void (*)(int);
-  if (auto set_threads = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"))) set_threads(1);
-}
-[[maybe_unused]] const bool registered =
-    (forkpool::detail::add_forked_worker_hook(&one_thread_in_forked_workers), true);
 
 }  // namespace
 

@@ -23,19 +23,11 @@ struct WorkerSpec {
 // state, without their threads), or spawned (a fresh run of the program).
 enum class WorkerStart { forked, spawned };
 
-// Runs in a freshly forked (or spawned) process: sets it up, runs the forked-worker hooks (a
-// forked one) and the initializer, then serves tasks from `channel` until it closes (or
+// Runs in a freshly forked (or spawned) process: sets it up (a forked one runs OpenMP on one
+// thread), runs the initializer, then serves tasks from `channel` until it closes (or
 // maxtasksperchild is reached). `objects` translates the parent's code addresses where this
 // process does not have them at the same place. Never returns.
 [[noreturn]] void worker_main(const WorkerSpec& spec, WorkerStart start, int index, pid_t parent, UniqueFd channel,
                               ObjectTranslation objects = {}) noexcept;
-
-// What a library loaded in the parent must do in each worker forked from it (or from a fork
-// server) before the initializer runs; spawned workers start afresh and skip it. Registered at
-// load (a static initializer); at most kMaxForkedWorkerHooks, lock-free since a fork may come
-// at any moment. forkpool-torch registers one: libtorch's OpenMP threads do not survive a fork.
-using ForkedWorkerHook = void (*)() noexcept;
-inline constexpr int kMaxForkedWorkerHooks = 8;
-void add_forked_worker_hook(ForkedWorkerHook hook);  // throws std::length_error past the limit
 
 }  // namespace forkpool::detail
