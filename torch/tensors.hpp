@@ -14,9 +14,8 @@
 //   co_await pool.apply_async(train_step, w);                    // the worker writes w itself
 
 #include <ATen/core/Tensor.h>
-#include <c10/core/TensorOptions.h>
-
 #include <c10/core/ScalarType.h>
+#include <c10/core/TensorOptions.h>
 
 #include <cstdint>
 #include <stdexcept>
