@@ -338,9 +338,6 @@ TEST_P(PoolTest, AProgramThatOnlyPollsReadySeesAllItsWorkFinish) {
   for (const AsyncResult<int>& r : results) EXPECT_EQ(r.get(0ms), 1);
 }
 
-// Work given from plain code runs while the program computes without calling forkpool at all,
-// as Python's pool works on in its threads: each worker is sent all it may hold at once, up to
-// 1024 jobs while they are long (or not yet measured).
 // 400 tasks of 1 ms given from plain code (200 a worker: more than the 64 it holds of short
 // ones) all run while the program computes, then every result is read (in one drain or a few).
 void expect_work_given_from_plain_code_to_run_meanwhile(Pool& pool, const std::string& round) {
@@ -354,6 +351,9 @@ void expect_work_given_from_plain_code_to_run_meanwhile(Pool& pool, const std::s
   for (int i = 0; i < kTasks; ++i) ASSERT_EQ(results[i].get(10s), i);
 }
 
+// Work given from plain code runs while the program computes without calling forkpool at all,
+// as Python's pool works on in its threads: each worker is sent all it may hold at once, up to
+// 1024 jobs while they are long (or not yet measured).
 TEST_P(PoolTest, WorkGivenFromPlainCodeRunsWhileTheProgramComputes) {
   Pool pool(options());
   expect_work_given_from_plain_code_to_run_meanwhile(pool, "");
