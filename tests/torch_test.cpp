@@ -114,7 +114,7 @@ TEST(TorchTest, SharedTensorsTakeTheMemoryFormatTheyAreMadeWith) {
   auto volume = at::TensorOptions().dtype(at::kDouble).memory_format(at::MemoryFormat::ChannelsLast3d);
   EXPECT_TRUE(fpt::empty({1, 2, 3, 4, 5}, volume).is_contiguous(at::MemoryFormat::ChannelsLast3d));
   Pool pool({.processes = 1});
-  at::Tensor back = pool.apply_async(identity, image).get();
+  at::Tensor back = pool.apply_async(identity, image).get(20s);
   EXPECT_EQ(back.strides(), image.strides());
   EXPECT_EQ(back.data_ptr(), image.data_ptr());
 
@@ -150,7 +150,7 @@ TEST(TorchTest, SharingAModuleSharesEveryParameterAndBufferInPlace) {
     EXPECT_TRUE(::torch::equal(tensors[i], before[i])) << i;
   }
   Pool pool({.processes = 1});
-  pool.apply_async(add_one_to_each, tensors).get();
+  pool.apply_async(add_one_to_each, tensors).get(20s);
   std::size_t i = 0;
   for (const at::Tensor& t : model->parameters()) EXPECT_TRUE(::torch::equal(t.detach(), before[i++] + 1));
   for (const at::Tensor& t : model->buffers()) EXPECT_TRUE(::torch::equal(t, before[i++] + 1));
@@ -193,19 +193,19 @@ TEST(TorchTest, AnOrdinaryTensorArrivesLaidOutAsItWas) {
   at::Tensor slice = image.slice(1, 0, 2);
   for (const at::Tensor& sent : {values.view({6, 20}).t(), image, values.permute({3, 1, 0, 2}), slice}) {
     ASSERT_FALSE(fpt::is_shared(sent));
-    at::Tensor back = pool.apply_async(identity, sent).get();
+    at::Tensor back = pool.apply_async(identity, sent).get(20s);
     EXPECT_TRUE(::torch::equal(back, sent));
     if (sent.is_non_overlapping_and_dense())
       EXPECT_EQ(back.strides(), sent.strides());
     else
       EXPECT_EQ(back.strides(), sent.contiguous(sent.suggest_memory_format()).strides());
   }
-  EXPECT_TRUE(pool.apply_async(identity, slice).get().is_contiguous(at::MemoryFormat::ChannelsLast));
+  EXPECT_TRUE(pool.apply_async(identity, slice).get(20s).is_contiguous(at::MemoryFormat::ChannelsLast));
 }
 
 TEST(TorchTest, WhatCannotCrossIsAnErrorBeforeAnythingIsSent) {
   Pool pool({.processes = 1});
-  auto refused = [&](const at::Tensor& t) { return what_it_throws([&] { pool.apply_async(identity, t).get(); }); };
+  auto refused = [&](const at::Tensor& t) { return what_it_throws([&] { pool.apply_async(identity, t).get(20s); }); };
   EXPECT_NE(refused(::torch::ones({2, 2}).to_sparse()).find("sparse"), std::string::npos);
   EXPECT_NE(refused(::torch::ones({2}, at::kComplexFloat)).find("dtype"), std::string::npos);
   at::Tensor leaf = ::torch::ones({2}, ::torch::requires_grad());
@@ -527,7 +527,8 @@ struct Measurements {
 
 // As torch's default_collate takes (image, label) samples: one shared batch tensor per field.
 TEST(TorchTest, ADataLoaderOfPairsOrTuplesCollatesEachFieldIntoASharedBatch) {
-  DataLoader labelled(LabelledRows{}, {.batch_size = 4}, &fpt::collate_fields<std::pair<at::Tensor, std::int64_t>>);
+  DataLoader labelled(LabelledRows{}, {.batch_size = 4, .timeout = 20s},
+                      &fpt::collate_fields<std::pair<at::Tensor, std::int64_t>>);
   std::vector<std::pair<at::Tensor, at::Tensor>> batches;
   for (auto& [images, labels] : labelled) batches.emplace_back(images, labels);
   ASSERT_EQ(batches.size(), 2u);
@@ -538,7 +539,8 @@ TEST(TorchTest, ADataLoaderOfPairsOrTuplesCollatesEachFieldIntoASharedBatch) {
   EXPECT_EQ(labels.scalar_type(), at::kLong);
   EXPECT_TRUE(::torch::equal(labels, ::torch::tensor({14, 15}, at::kLong)));
 
-  DataLoader measured(Measurements{}, {.batch_size = 5}, &fpt::collate_fields<std::tuple<double, at::Tensor, bool>>);
+  DataLoader measured(Measurements{}, {.batch_size = 5, .timeout = 20s},
+                      &fpt::collate_fields<std::tuple<double, at::Tensor, bool>>);
   for (auto& [scale, values, odd] : measured) {
     EXPECT_TRUE(::torch::equal(scale, ::torch::tensor({0.0, 0.5, 1.0, 1.5, 2.0}, at::kDouble)));
     EXPECT_TRUE(::torch::equal(values[4], ::torch::arange(4, at::kInt) + 4));
