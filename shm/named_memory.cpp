@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include <forkpool/ipc/internal/mapping.hpp>
+#include <forkpool/ipc/private/memfd.hpp>
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/private/errno.hpp>
 #include <forkpool/runtime/unique_fd.hpp>
@@ -58,6 +59,7 @@ SharedMemory SharedMemory::map(std::string name, int fd, bool track) {
 
 SharedMemory SharedMemory::create(std::string name, std::size_t size, bool outlive) {
   if (size == 0) throw std::invalid_argument("forkpool: SharedMemory::create: the size must be at least one byte");
+  check_machine_could_hold(size, "forkpool: SharedMemory::create");
   if (name.empty()) name = fresh_name();
   check_name(name);
   if (!outlive && !detail::is_segment_name(name))
@@ -66,8 +68,10 @@ SharedMemory SharedMemory::create(std::string name, std::size_t size, bool outli
                                 "user; give outlive = true to manage it yourself (unlink())");
   int fd = shm_open(("/" + name).c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) detail::throw_last_errno(("forkpool: SharedMemory::create " + name).c_str());
-  if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
-    int error = errno;
+  // Reserved now, or an exception now: a sparse block larger than /dev/shm's free space would be
+  // made, and the first write past the free space would be SIGBUS.
+  int error = ftruncate(fd, static_cast<off_t>(size)) == 0 ? posix_fallocate(fd, 0, static_cast<off_t>(size)) : errno;
+  if (error != 0) {
     close(fd);
     shm_unlink(("/" + name).c_str());
     errno = error;

@@ -108,6 +108,7 @@ bool Storage::segment_intact() const noexcept {
 }
 
 std::shared_ptr<Storage> Storage::allocate(std::size_t bytes) {
+  check_machine_could_hold(bytes, "forkpool: shared memory for a tensor");
   if (get_sharing_strategy() == SharingStrategy::file_descriptor) return SlabAllocator::instance().allocate(bytes);
   std::shared_ptr<Storage> storage = std::make_shared<Storage>(Key());
   allocate_named(*storage, bytes);

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/sysinfo.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -166,6 +167,41 @@ TEST(SlabAllocator, AnAllocationBeyondTheAddressSpaceLimitIsAnException) {
     small.data<float>()[0] = 1;
   });
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+}
+
+// More bytes than RAM and swap together. The child volunteers to the OOM killer first: with the
+// check gone, tmpfs would take pages until the OOM killer ended a process, and then it is the
+// child (whose memfd goes with it) rather than the suite or anything else on the machine.
+std::int64_t more_than_the_machine_has() {
+  struct sysinfo machine {};
+  if (sysinfo(&machine) != 0) throw std::runtime_error("sysinfo");
+  return static_cast<std::int64_t>((machine.totalram + machine.totalswap) * machine.mem_unit) + (1 << 20);
+}
+void volunteer_to_the_oom_killer() { std::ofstream("/proc/self/oom_score_adj") << 1000; }
+
+TEST(SharedMemory, ATensorLargerThanTheMachinesMemoryIsRefusedBeforeAnyIsTaken) {
+  for (SharingStrategy strategy : get_all_sharing_strategies()) {
+    int status = test_support::run_in_child_within(60s, [&] {
+      volunteer_to_the_oom_killer();
+      set_sharing_strategy(strategy);
+      Tensor warm = Tensor::zeros({16}, DType::f32);  // a slab, the tracker: what a program has
+      SharedMemoryStats before = shared_memory_stats();
+      int descriptors = open_fd_count();
+      try {
+        Tensor::empty({more_than_the_machine_has()}, DType::u8);
+        _exit(2);
+      } catch (const std::system_error& e) {
+        if (e.code() != std::errc::not_enough_memory) _exit(3);
+        if (std::string(e.what()).find("more than this machine has") == std::string::npos) _exit(4);
+      }
+      if (shared_memory_stats().mapped_bytes != before.mapped_bytes || open_fd_count() != descriptors) _exit(5);
+      Tensor::zeros({1 << 20}, DType::f32).data<float>()[0] = 1;  // and the process goes on
+    });
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << (strategy == SharingStrategy::file_system ? "file_system: " : "file_descriptor: ")
+        << (WIFEXITED(status) ? "exit " + std::to_string(WEXITSTATUS(status))
+                              : "killed by signal " + std::to_string(WTERMSIG(status)));
+  }
 }
 
 TEST(SharedMemory, ATensorSentAgainIsTheSameMemoryInTheWorkerAndMapsNothingNew) {

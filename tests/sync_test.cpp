@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/stat.h>
+#include <sys/sysinfo.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -545,6 +547,31 @@ TEST(NamedSharedMemoryTest, ANameForkpoolWouldNotCleanUpNeedsOutlive) {
   EXPECT_EQ(access(("/dev/shm/" + name).c_str(), F_OK), 0);
   block.unlink();
   EXPECT_NE(access(("/dev/shm/" + name).c_str(), F_OK), 0);
+}
+
+TEST(NamedSharedMemoryTest, ABlockIsReservedWhenMadeAndOneLargerThanTheMachineIsRefused) {
+  // Reserved: a write anywhere in it can no longer be SIGBUS because /dev/shm filled meanwhile.
+  SharedMemory block = SharedMemory::create("", 8 << 20);
+  struct stat st {};
+  ASSERT_EQ(stat(("/dev/shm/" + block.name()).c_str(), &st), 0);
+  EXPECT_GE(static_cast<std::size_t>(st.st_blocks) * 512, std::size_t{8} << 20) << "the block is sparse";
+  block.unlink();
+
+  struct sysinfo machine {};
+  ASSERT_EQ(sysinfo(&machine), 0);
+  std::size_t too_many = (machine.totalram + machine.totalswap) * machine.mem_unit + (1 << 20);
+  int status = test_support::run_in_child_within(60s, [&] {
+    std::ofstream("/proc/self/oom_score_adj") << 1000;  // as the tensor test: the check gone, the child goes
+    std::string name = "forkpool-test-huge-" + std::to_string(getpid());
+    try {
+      SharedMemory::create(name, too_many);
+      _exit(2);
+    } catch (const std::system_error& e) {
+      if (e.code() != std::errc::not_enough_memory) _exit(3);
+    }
+    if (access(("/dev/shm/" + name).c_str(), F_OK) == 0) _exit(4);
+  });
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
 }
 
 void create_and_wait(std::string name, Event made) {
