@@ -2,7 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
-#include <numeric>
+#include <limits>
 
 namespace forkpool {
 
@@ -12,15 +12,19 @@ std::optional<std::size_t> view_extent(std::span<const std::int64_t> shape, std:
                                        std::size_t element_bytes) {
   if (shape.size() != strides.size()) return std::nullopt;
   std::uint64_t last = 0;  // index of the last element reached
+  bool empty = false, overflow = false;
+  // Every size is checked, also after a 0 (no negative size anywhere), and a 0 anywhere reaches
+  // nothing however large the others are.
   for (std::size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] < 0 || strides[i] < 0) return std::nullopt;
-    if (shape[i] == 0) return 0;
+    empty |= shape[i] == 0;
     std::uint64_t step;
-    if (__builtin_mul_overflow(static_cast<std::uint64_t>(shape[i] - 1), static_cast<std::uint64_t>(strides[i]),
-                               &step) ||
-        __builtin_add_overflow(last, step, &last))
-      return std::nullopt;
+    overflow |= __builtin_mul_overflow(static_cast<std::uint64_t>(shape[i] - 1), static_cast<std::uint64_t>(strides[i]),
+                                       &step) ||
+                __builtin_add_overflow(last, step, &last);
   }
+  if (empty) return 0;
+  if (overflow) return std::nullopt;
   std::uint64_t bytes;
   if (__builtin_add_overflow(last, 1, &bytes) || __builtin_mul_overflow(bytes, element_bytes, &bytes) ||
       bytes > (std::uint64_t{1} << 62))
@@ -30,13 +34,15 @@ std::optional<std::size_t> view_extent(std::span<const std::int64_t> shape, std:
 
 namespace {
 // Calls visit(dim, stride) with each dim's row-major stride, last dim first, while it returns true;
-// true if it always did.
+// true if it always did. A stride past int64 is held at its largest value: a shape that large is
+// refused by view_extent (unless a zero in it leaves no element to reach).
 template <class Visit>
 bool for_each_row_major_stride(std::span<const std::int64_t> shape, Visit visit) {
   std::int64_t step = 1;
   for (std::size_t i = shape.size(); i-- > 0;) {
     if (!visit(i, step)) return false;
-    step *= std::max<std::int64_t>(shape[i], 1);
+    if (__builtin_mul_overflow(step, std::max<std::int64_t>(shape[i], 1), &step))
+      step = std::numeric_limits<std::int64_t>::max();
   }
   return true;
 }
@@ -145,19 +151,24 @@ Tensor& Tensor::share_memory_() {
 
 Tensor Tensor::view(std::vector<std::int64_t> shape) const {
   if (!is_contiguous()) throw std::invalid_argument("forkpool: Tensor::view needs a contiguous tensor");
-  std::int64_t known = 1;
+  std::int64_t known = 1;  // the product of the sizes given
   int inferred = -1;
   for (std::size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] == -1 && inferred < 0) {
       inferred = static_cast<int>(i);
     } else if (shape[i] < 0) {
       throw std::invalid_argument("forkpool: Tensor::view: invalid size");
-    } else {
-      known *= shape[i];
+    } else if (__builtin_mul_overflow(known, shape[i], &known)) {
+      throw std::invalid_argument("forkpool: Tensor::view: a shape of more elements than an int64 counts");
     }
   }
-  if (inferred >= 0) shape[inferred] = known ? numel() / known : 0;
-  std::int64_t total = std::accumulate(shape.begin(), shape.end(), std::int64_t{1}, std::multiplies<>());
+  if (inferred >= 0) {
+    // As torch: with no element to divide, the -1 could be any size.
+    if (known == 0)
+      throw std::invalid_argument("forkpool: Tensor::view: the size -1 could be anything beside a 0 size");
+    shape[inferred] = numel() / known;
+  }
+  std::int64_t total = inferred >= 0 ? known * shape[inferred] : known;
   if (total != numel())
     throw std::invalid_argument("forkpool: Tensor::view: " + std::to_string(total) + " elements for a tensor of " +
                                 std::to_string(numel()));

@@ -80,9 +80,11 @@ class Tensor {
   // library once per element.
   std::int64_t numel() const noexcept {
     if (!storage_) return 0;
-    std::int64_t count = 1;
-    for (std::int64_t extent : dims_.shape()) count *= extent;
-    return count;
+    // Unsigned: a shape with a 0 in it may have sizes whose product overflows; modulo 2^64 it is
+    // still 0. Any other shape was checked to fit in memory.
+    std::uint64_t count = 1;
+    for (std::int64_t extent : dims_.shape()) count *= static_cast<std::uint64_t>(extent);
+    return static_cast<std::int64_t>(count);
   }
   std::size_t nbytes() const noexcept { return static_cast<std::size_t>(numel()) * element_size(dtype_); }
   std::int64_t dim() const noexcept { return static_cast<std::int64_t>(dims_.size()); }

@@ -191,6 +191,30 @@ TEST(Tensor, ViewsAndSlicesShareStorage) {
   EXPECT_THROW(Tensor::empty({-1}, DType::f32), std::invalid_argument);
 }
 
+TEST(Tensor, ASizeOfZeroReachesNothingHoweverLargeTheOthersAndEveryOtherShapeIsCheckedWhole) {
+  constexpr std::int64_t kHuge = std::int64_t{1} << 40;  // two of them overflow an int64
+  // No element: valid whatever the other sizes (torch.empty(2**40, 2**40, 0) is), numel 0.
+  for (std::vector<std::int64_t> shape : {std::vector<std::int64_t>{kHuge, kHuge, 0}, {0, kHuge, kHuge}}) {
+    Tensor none = Tensor::empty(shape, DType::f32);
+    EXPECT_EQ(none.numel(), 0);
+    EXPECT_EQ(none.nbytes(), 0u);
+  }
+  // A negative size is refused wherever it stands, after a 0 too.
+  EXPECT_THROW(Tensor::empty({0, -1}, DType::f32), std::invalid_argument);
+  // Shapes past int64 are refused (the asan build's UBSan halts on the overflow itself).
+  EXPECT_THROW(Tensor::empty({kHuge, kHuge}, DType::f32), std::invalid_argument);
+  Tensor four = Tensor::zeros({4}, DType::f32);
+  try {
+    four.view({kHuge, kHuge});
+    ADD_FAILURE() << "a view of 2^80 elements was made";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("more elements than an int64"), std::string::npos) << e.what();
+  }
+  // As torch: beside a 0 the -1 of a view could be any size.
+  EXPECT_THROW(Tensor::zeros({0}, DType::f32).view({0, -1}), std::invalid_argument);
+  EXPECT_EQ(four.view({2, -1}).shape()[1], 2);
+}
+
 TEST(Tensor, IsContiguousExactlyWhenTheStridesAreRowMajor) {
   Tensor t = Tensor::zeros({3, 4}, DType::f32);
   EXPECT_TRUE(t.is_contiguous());
@@ -319,6 +343,7 @@ TEST(Tensor, MalformedTensorsAreProtocolErrors) {
   expect_rejected(kMemfd, small.get(), 64, {1024}, {1}, "exceeds its storage");
   expect_rejected(kMemfd, small.get(), 64, {std::int64_t{1} << 62, 4}, {4, 1}, "overflow");
   expect_rejected(kMemfd, small.get(), 64, {-4}, {1}, "negative");
+  expect_rejected(kMemfd, small.get(), 64, {0, -4}, {1, 1}, "negative");  // after a 0 too
   expect_rejected(kMemfd, small.get(), 64, {4, 4}, {1}, "mismatched");
 }
 
