@@ -45,8 +45,9 @@ void check_machine_could_hold(std::size_t bytes, const char* what) {
   std::uint64_t memory = (static_cast<std::uint64_t>(machine.totalram) + machine.totalswap) * machine.mem_unit;
   if (bytes > memory)
     throw std::system_error(ENOMEM, std::generic_category(),
-                            std::string(what) + ": " + std::to_string(bytes) + " bytes is more than this machine has (" +
-                                std::to_string(memory) + " bytes of RAM and swap)");
+                            std::string(what) + ": " + std::to_string(bytes) +
+                                " bytes is more than this machine has (" + std::to_string(memory) +
+                                " bytes of RAM and swap)");
 }
 
 void seal_size(int fd) {
