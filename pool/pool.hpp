@@ -296,6 +296,7 @@ class Pool {
         std::size_t divisor = 4 * static_cast<std::size_t>(processes());
         chunksize = std::max<std::size_t>((total + divisor - 1) / divisor, 1);
       }
+      chunksize = std::min(chunksize, std::max<std::size_t>(total, 1));  // (and the sums below cannot wrap)
       std::size_t chunks = (total + chunksize - 1) / chunksize;
       std::vector<std::size_t> offsets;
       for (std::size_t i = 0; i <= chunks; ++i) offsets.push_back(std::min(i * chunksize, total));

@@ -252,6 +252,9 @@ PoolCoreImpl::PoolCoreImpl(PoolOptions options, std::string process_name, bool j
   if (options_.max_retries < 0) throw std::invalid_argument("forkpool: PoolOptions::max_retries must be >= 0");
   if (options_.task_timeout < std::chrono::nanoseconds::zero())
     throw std::invalid_argument("forkpool: PoolOptions::task_timeout must be >= 0");
+  // (Its wire form says "adaptive" with -1: a negative one would be taken for the empty one.)
+  if (options_.spin && *options_.spin < std::chrono::nanoseconds::zero())
+    throw std::invalid_argument("forkpool: PoolOptions::spin must be >= 0 (or empty: adaptive)");
 }
 
 void PoolCoreImpl::start_workers() {

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <limits>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -257,8 +258,32 @@ TEST_P(PoolTest, MapGivesTheSameResultForEveryChunkSize) {
   std::iota(xs.begin(), xs.end(), -50);
   std::vector<int> expected;
   for (int x : xs) expected.push_back(x * x);
-  for (std::size_t chunksize : {std::size_t{1}, std::size_t{0}, std::size_t{7}, std::size_t{1000}})
-    EXPECT_EQ(run(pool.map(square, xs, chunksize)), expected) << "chunksize " << chunksize;
+  // (Bounded waits: a chunksize near SIZE_MAX once wrapped the chunk count to 0 and never ended.)
+  std::size_t largest = std::numeric_limits<std::size_t>::max();
+  for (std::size_t chunksize : {std::size_t{1}, std::size_t{0}, std::size_t{7}, std::size_t{1000}, largest}) {
+    EXPECT_EQ(pool.map_async(square, xs, chunksize).get(10s), expected) << "chunksize " << chunksize;
+    std::vector<int> streamed;
+    for (int y : pool.imap(square, xs, chunksize)) streamed.push_back(y);
+    EXPECT_EQ(streamed, expected) << "imap, chunksize " << chunksize;
+  }
+}
+
+TEST(PoolOptionsTest, ANegativeOptionIsRefusedNamingTheField) {
+  auto refusal = [](PoolOptions options) -> std::string {
+    try {
+      Pool pool(std::move(options));
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "made a pool";
+  };
+  auto has = [](const std::string& text, const char* field) { return text.find(field) != std::string::npos; };
+  EXPECT_PRED2(has, refusal({.processes = -1}), "processes");
+  EXPECT_PRED2(has, refusal({.processes = 1, .maxtasksperchild = -1}), "maxtasksperchild");
+  EXPECT_PRED2(has, refusal({.processes = 1, .max_retries = -1}), "max_retries");
+  EXPECT_PRED2(has, refusal({.processes = 1, .task_timeout = -1ns}), "task_timeout");
+  // A negative spin was sent as the empty one's -1: adaptive spinning, silently.
+  EXPECT_PRED2(has, refusal({.processes = 1, .spin = -1ns}), "spin");
 }
 
 TEST_P(PoolTest, MapTakesAnyInputRange) {
