@@ -88,7 +88,9 @@ std::uint64_t loader_seed(const DataLoaderOptions& options) {
 
 std::size_t batches_per_epoch(std::size_t dataset_size, const DataLoaderOptions& options) {
   std::size_t samples = rank_samples(dataset_size, options);
-  return options.drop_last ? samples / options.batch_size : (samples + options.batch_size - 1) / options.batch_size;
+  // (Not (samples + batch_size - 1) / batch_size: that wraps for a batch_size near SIZE_MAX.)
+  bool short_batch = !options.drop_last && samples % options.batch_size != 0;
+  return samples / options.batch_size + (short_batch ? 1 : 0);
 }
 
 namespace {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <limits>
 #include <numeric>
 #include <set>
 #include <stdexcept>
@@ -75,6 +76,18 @@ TEST(DataLoaderTest, BatchesHoldConsecutiveSamplesAndTheLastOneIsShort) {
   std::vector<std::vector<int>> batches;
   for (std::vector<int>& batch : loader) batches.push_back(batch);
   EXPECT_EQ(batches, (std::vector<std::vector<int>>{{0, 10, 20, 30}, {40, 50, 60, 70}, {80, 90}}));
+}
+
+TEST(DataLoaderTest, ABatchSizeLargerThanTheDatasetMakesOneShortBatch) {
+  // (One near SIZE_MAX wrapped size()'s sum to 0 batches while the epoch made one.)
+  for (std::size_t batch_size : {std::size_t{11}, std::numeric_limits<std::size_t>::max()}) {
+    DataLoader loader(Numbers{10}, {.batch_size = batch_size});
+    EXPECT_EQ(loader.size(), 1u) << batch_size;
+    EXPECT_EQ(flatten(loader), (std::vector<int>{0, 10, 20, 30, 40, 50, 60, 70, 80, 90})) << batch_size;
+    DataLoader dropping(Numbers{10}, {.batch_size = batch_size, .drop_last = true});
+    EXPECT_EQ(dropping.size(), 0u) << batch_size;
+    EXPECT_EQ(flatten(dropping), std::vector<int>{}) << batch_size;
+  }
 }
 
 TEST(DataLoaderTest, DropLastDropsTheShortBatch) {
