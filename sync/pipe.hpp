@@ -31,6 +31,9 @@
 
 namespace forkpool {
 
+// What recv() throws at the end (Python's EOFError), an Error: `catch (const forkpool::ChannelClosed&)`.
+using ChannelClosed = detail::ChannelClosed;
+
 namespace detail {
 
 // A Connection's end of the socket, shared by the copies of one process.

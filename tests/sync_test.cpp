@@ -463,7 +463,7 @@ void echo(Connection<std::string> there) {
     std::string got;
     try {
       got = there.recv();
-    } catch (const detail::ChannelClosed&) {
+    } catch (const ChannelClosed&) {
       return;
     }
     there.send(got + "!");
@@ -482,7 +482,7 @@ TEST_P(SyncTest, APipeCarriesValuesBothWaysAndEndsWhenTheOtherSideIsGone) {
   EXPECT_EQ(here.recv(), "again!");
   p.kill();
   ASSERT_TRUE(p.join(10s));
-  EXPECT_THROW(here.recv(), detail::ChannelClosed);
+  EXPECT_THROW(here.recv(), ChannelClosed);  // the name docs give, not detail::'s
 }
 
 void send_a_tensor(Connection<Tensor> out) {
@@ -1372,7 +1372,7 @@ TEST_P(SyncTest, CPythonConnectionTestConnection) {
   conn.send("");  // tell child to quit
   child_conn.close();
   ASSERT_TRUE(p.join(20s));
-  EXPECT_THROW(conn.recv(), detail::ChannelClosed);  // EOFError
+  EXPECT_THROW(conn.recv(), ChannelClosed);  // EOFError
 }
 
 // ---- _TestBarrier: N = 5 parties, N - 1 processes and this test's thread (run_threads). The
