@@ -3,13 +3,11 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/sysinfo.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstring>
 #include <string>
-#include <system_error>
 
 #include <forkpool/ipc/internal/mapping.hpp>
 #include <forkpool/runtime/error.hpp>
@@ -37,17 +35,6 @@ UniqueFd create_memfd(const char* name, std::size_t size) {
   UniqueFd owned(fd);
   if (ftruncate(fd, static_cast<off_t>(size)) < 0) detail::throw_last_errno("ftruncate(memfd)");
   return owned;
-}
-
-void check_machine_could_hold(std::size_t bytes, const char* what) {
-  struct sysinfo machine {};
-  if (sysinfo(&machine) != 0) return;  // nothing known: the allocation itself decides
-  std::uint64_t memory = (static_cast<std::uint64_t>(machine.totalram) + machine.totalswap) * machine.mem_unit;
-  if (bytes > memory)
-    throw std::system_error(ENOMEM, std::generic_category(),
-                            std::string(what) + ": " + std::to_string(bytes) +
-                                " bytes is more than this machine has (" + std::to_string(memory) +
-                                " bytes of RAM and swap)");
 }
 
 void seal_size(int fd) {

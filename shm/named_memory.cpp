@@ -10,9 +10,9 @@
 #include <stdexcept>
 
 #include <forkpool/ipc/internal/mapping.hpp>
-#include <forkpool/ipc/private/memfd.hpp>
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/private/errno.hpp>
+#include <forkpool/runtime/private/memory_limit.hpp>
 #include <forkpool/runtime/unique_fd.hpp>
 #include <forkpool/shm/private/name_tracker.hpp>
 
@@ -59,7 +59,7 @@ SharedMemory SharedMemory::map(std::string name, int fd, bool track) {
 
 SharedMemory SharedMemory::create(std::string name, std::size_t size, bool outlive) {
   if (size == 0) throw std::invalid_argument("forkpool: SharedMemory::create: the size must be at least one byte");
-  check_machine_could_hold(size, "forkpool: SharedMemory::create");
+  detail::check_memory_could_hold(size, "forkpool: SharedMemory::create");
   if (name.empty()) name = fresh_name();
   check_name(name);
   if (!outlive && !detail::is_segment_name(name))

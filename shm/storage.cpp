@@ -20,6 +20,7 @@
 #include <forkpool/shm/private/inode_key.hpp>
 #include <forkpool/shm/private/slab_allocator.hpp>
 #include <forkpool/runtime/private/errno.hpp>
+#include <forkpool/runtime/private/memory_limit.hpp>
 
 namespace forkpool::detail {
 namespace {
@@ -108,7 +109,7 @@ bool Storage::segment_intact() const noexcept {
 }
 
 std::shared_ptr<Storage> Storage::allocate(std::size_t bytes) {
-  check_machine_could_hold(bytes, "forkpool: shared memory for a tensor");
+  check_memory_could_hold(bytes, "forkpool: shared memory for a tensor");
   if (get_sharing_strategy() == SharingStrategy::file_descriptor) return SlabAllocator::instance().allocate(bytes);
   std::shared_ptr<Storage> storage = std::make_shared<Storage>(Key());
   allocate_named(*storage, bytes);

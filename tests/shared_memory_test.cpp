@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/sysinfo.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -192,10 +193,77 @@ TEST(SharedMemory, ATensorLargerThanTheMachinesMemoryIsRefusedBeforeAnyIsTaken) 
         _exit(2);
       } catch (const std::system_error& e) {
         if (e.code() != std::errc::not_enough_memory) _exit(3);
-        if (std::string(e.what()).find("more than this machine has") == std::string::npos) _exit(4);
+        if (std::string(e.what()).find("more than this process may have") == std::string::npos) _exit(4);
       }
       if (shared_memory_stats().mapped_bytes != before.mapped_bytes || open_fd_count() != descriptors) _exit(5);
       Tensor::zeros({1 << 20}, DType::f32).data<float>()[0] = 1;  // and the process goes on
+    });
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << (strategy == SharingStrategy::file_system ? "file_system: " : "file_descriptor: ")
+        << (WIFEXITED(status) ? "exit " + std::to_string(WEXITSTATUS(status))
+                              : "killed by signal " + std::to_string(WTERMSIG(status)));
+  }
+}
+
+// A memory cgroup of `bytes` (memory and swap) below this process's, made for one test and
+// removed with it; empty where cgroups cannot be written here (not root, no memory controller).
+class MemoryCgroup {
+ public:
+  explicit MemoryCgroup(std::uint64_t bytes) {
+    std::ifstream groups("/proc/self/cgroup");
+    for (std::string line; std::getline(groups, line);) {
+      std::size_t first = line.find(':'), second = line.find(':', first + 1);
+      std::string controllers = line.substr(first + 1, second - first - 1), path = line.substr(second + 1);
+      if (path == "/") path.clear();
+      std::string name = "/forkpool-test-" + std::to_string(getpid());
+      bool v1 = ("," + controllers + ",").find(",memory,") != std::string::npos;
+      if (!v1 && !controllers.empty()) continue;
+      std::string dir = (v1 ? "/sys/fs/cgroup/memory" : "/sys/fs/cgroup") + path + name;
+      if (mkdir(dir.c_str(), 0755) != 0) continue;
+      dir_ = dir;
+      // v1: the memory limit first (memsw may not be below it), then memory and swap together.
+      bool limited = v1 ? write(dir + "/memory.limit_in_bytes", bytes) &&
+                              (access((dir + "/memory.memsw.limit_in_bytes").c_str(), F_OK) != 0 ||
+                               write(dir + "/memory.memsw.limit_in_bytes", bytes))
+                        : write(dir + "/memory.max", bytes) && write(dir + "/memory.swap.max", 0);
+      if (limited) return;
+      rmdir(dir_.c_str());
+      dir_.clear();
+    }
+  }
+  ~MemoryCgroup() {
+    // (A process the child started, the file_system strategy's name tracker, may leave after it.)
+    if (!dir_.empty()) eventually([&] { return rmdir(dir_.c_str()) == 0; }, 10s);
+  }
+  bool made() const { return !dir_.empty(); }
+  // Moves the calling process in.
+  bool enter() const { return write(dir_ + "/cgroup.procs", static_cast<std::uint64_t>(getpid())); }
+
+ private:
+  static bool write(const std::string& path, std::uint64_t value) {
+    std::ofstream file(path);
+    file << value << std::flush;
+    return static_cast<bool>(file);
+  }
+  std::string dir_;
+};
+
+TEST(SharedMemory, ATensorLargerThanItsCgroupAllowsIsRefusedBeforeAnyIsTaken) {
+  MemoryCgroup group(std::uint64_t{256} << 20);
+  if (!group.made()) GTEST_SKIP() << "no memory cgroup can be made here";
+  for (SharingStrategy strategy : get_all_sharing_strategies()) {
+    int status = test_support::run_in_child_within(60s, [&] {
+      volunteer_to_the_oom_killer();
+      if (!group.enter()) _exit(6);
+      set_sharing_strategy(strategy);
+      try {
+        Tensor::empty({std::int64_t{512} << 20}, DType::u8);  // with the check gone: the group's OOM killer
+        _exit(2);
+      } catch (const std::system_error& e) {
+        if (e.code() != std::errc::not_enough_memory) _exit(3);
+        if (std::string(e.what()).find("cgroup") == std::string::npos) _exit(4);
+      }
+      Tensor::zeros({std::int64_t{64} << 20}, DType::u8).data<std::uint8_t>()[0] = 1;  // within it: made
     });
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
         << (strategy == SharingStrategy::file_system ? "file_system: " : "file_descriptor: ")

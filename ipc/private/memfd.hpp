@@ -15,12 +15,6 @@ namespace forkpool {
 // A new memfd of `size` bytes (close-on-exec, sealable, not executable where the kernel knows how).
 UniqueFd create_memfd(const char* name, std::size_t size);
 
-// Throws std::system_error (ENOMEM) naming `what` when `bytes` is more than this machine's RAM
-// and swap together. Memory no process could ever have is refused before any is taken, as the
-// kernel refuses a malloc that large: tmpfs (memfds, /dev/shm) would instead take pages until the
-// OOM killer ended some process, not necessarily the one that asked.
-void check_machine_could_hold(std::size_t bytes, const char* what);
-
 // Seals `fd` against shrinking and growing (and against further sealing).
 void seal_size(int fd);
 
