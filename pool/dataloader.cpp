@@ -121,12 +121,16 @@ std::vector<IndexBatch> epoch_batches(std::size_t dataset_size, const DataLoader
     for (std::size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[random() % i]);
   }
   if (options.world_size > 1 && !order.empty()) {
+    // This rank's share of the order padded, by repeating its start, to a multiple of world_size
+    // (padded[i] is order[i % size]), read without making the padded order: a world larger than
+    // the dataset would make it world_size long.
     auto world = static_cast<std::size_t>(options.world_size);
-    std::size_t padded = rank_samples(dataset_size, options) * world;
-    for (std::size_t i = 0; order.size() < padded; ++i) order.push_back(order[i]);
-    std::vector<std::uint64_t> share;
-    for (std::size_t i = static_cast<std::size_t>(options.rank); i < order.size(); i += world)
-      share.push_back(order[i]);
+    std::vector<std::uint64_t> share(rank_samples(dataset_size, options));
+    std::size_t at = static_cast<std::size_t>(options.rank) % order.size();
+    for (std::uint64_t& index : share) {
+      index = order[at];
+      at = (at + world % order.size()) % order.size();
+    }
     order = std::move(share);
   }
   return cut_into_batches(order.size(), options, [&order](std::size_t first, std::size_t count) {

@@ -2,11 +2,14 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <fstream>
 #include <limits>
 #include <numeric>
 #include <set>
@@ -213,6 +216,33 @@ TEST(DataLoaderTest, TheDistributedSamplerGivesEachRankItsShareOfOnePermutation)
   }
   EXPECT_EQ(all.size(), 12u);
   for (int i = 0; i < 10; ++i) EXPECT_GE(all.count(i * 10), 1u) << i;  // every sample, two repeated
+}
+
+TEST(DataLoaderTest, EachRankTakesEveryWorldSizethSampleOfTheOrderPaddedByItsStartAsTorchsSamplerDoes) {
+  auto share = [](std::size_t size, int rank, int world) {
+    DataLoader loader(Numbers{size}, {.batch_size = 1, .num_workers = 0, .rank = rank, .world_size = world});
+    return flatten(loader);
+  };
+  // 5 samples on 3 ranks: 0 1 2 3 4 0.
+  EXPECT_EQ(share(5, 0, 3), (std::vector<int>{0, 30}));
+  EXPECT_EQ(share(5, 1, 3), (std::vector<int>{10, 40}));
+  EXPECT_EQ(share(5, 2, 3), (std::vector<int>{20, 0}));
+  // A world larger than the dataset: 0 1 2 0 1 2 0 1, one each.
+  for (int rank = 0; rank < 8; ++rank) EXPECT_EQ(share(3, rank, 8), std::vector<int>{rank % 3 * 10}) << rank;
+  // And much larger, in a child whose address space could not hold the padded order (2^26
+  // indices, 512 MiB): only this rank's share is made.
+  int status = test_support::run_in_child_within(60s, [&] {
+    rlimit limit{};
+    getrlimit(RLIMIT_AS, &limit);
+    std::ifstream status_file("/proc/self/status");
+    std::size_t vm_kib = 0;
+    for (std::string key; status_file >> key;)
+      if (key == "VmSize:") status_file >> vm_kib;
+    limit.rlim_cur = (vm_kib << 10) + (std::size_t{256} << 20);
+    if (setrlimit(RLIMIT_AS, &limit) != 0) _exit(3);
+    if (share(3, (1 << 26) - 1, 1 << 26) != std::vector<int>{((1 << 26) - 1) % 3 * 10}) _exit(2);
+  });
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
 }
 
 int worker_init_mark = -1;
