@@ -107,7 +107,9 @@ void Semaphore::release() {
   {
     Guard guard(state);
     if (state.value.load() >= state.bound)
-      throw std::logic_error("forkpool: BoundedSemaphore released more times than it was acquired");
+      throw std::logic_error(state.bound == INT_MAX
+                                 ? "forkpool: Semaphore released past INT_MAX (Python: released too many times)"
+                                 : "forkpool: BoundedSemaphore released more times than it was acquired");
     state.value.fetch_add(1);
     state.holders.add(getpid(), -1);
   }

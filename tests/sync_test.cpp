@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstring>
 #include <system_error>
 #include <fstream>
@@ -127,6 +128,15 @@ TEST(SemaphoreTest, ABoundedSemaphoreReleasedPastItsValueThrows) {
   Semaphore plain(1);
   plain.release();
   EXPECT_EQ(plain.value(), 2);
+  // A plain one stops where its int does, and says so (not that it is a BoundedSemaphore).
+  Semaphore full(INT_MAX);
+  try {
+    full.release();
+    ADD_FAILURE() << "released past INT_MAX";
+  } catch (const std::logic_error& e) {
+    EXPECT_EQ(std::string(e.what()).find("Bounded"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(full.value(), INT_MAX);
 }
 
 void release_later(Semaphore s) {
