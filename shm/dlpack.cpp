@@ -1,7 +1,9 @@
 #include <forkpool/shm/dlpack.hpp>
 
+#include <cstdint>
 #include <memory>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 namespace forkpool {
@@ -81,13 +83,22 @@ Tensor from_dlpack(DLManagedTensor* managed) {
   if (dl.device.device_type != kDLCPU)
     throw std::invalid_argument("forkpool: from_dlpack: only CPU memory can be shared");
   if (dl.ndim < 0) throw std::invalid_argument("forkpool: from_dlpack: negative ndim");
+  if (dl.ndim > 0 && !dl.shape)
+    throw std::invalid_argument("forkpool: from_dlpack: no shape for " + std::to_string(dl.ndim) + " dimensions");
   DType dtype = from_dl(dl.dtype);
   std::vector<std::int64_t> shape(dl.shape, dl.shape + dl.ndim);
   std::vector<std::int64_t> strides =
       dl.strides ? std::vector<std::int64_t>(dl.strides, dl.strides + dl.ndim) : detail::contiguous_strides(shape);
   auto extent = detail::view_extent(shape, strides, element_size(dtype));
   if (!extent) throw std::invalid_argument("forkpool: from_dlpack: negative or overflowing shape or strides");
-  auto* base = static_cast<std::byte*>(dl.data) + dl.byte_offset;
+  // What reading it would make undefined: no memory under elements, or elements out of line.
+  if (*extent > 0 && !dl.data)
+    throw std::invalid_argument("forkpool: from_dlpack: null data for " + std::to_string(*extent) +
+                                " bytes of elements");
+  std::byte* base = dl.data ? static_cast<std::byte*>(dl.data) + dl.byte_offset : nullptr;
+  if (reinterpret_cast<std::uintptr_t>(base) % element_size(dtype) != 0)
+    throw std::invalid_argument("forkpool: from_dlpack: data + byte_offset is not aligned to its " +
+                                std::to_string(element_size(dtype)) + "-byte elements");
   auto storage = detail::Storage::external(base, *extent, [owner] {});
   return Tensor::from_storage(std::move(storage), 0, std::move(shape), std::move(strides), dtype);
 }

@@ -575,6 +575,44 @@ TEST(DLPack, ForeignMemoryIsNotSharedUntilShareMemoryCopiesIt) {
   EXPECT_EQ(through_channel(t).data<double>()[5], 6.0);
 }
 
+int dlpack_released = 0;
+float dlpack_values[5] = {1, 2, 3, 4, 5};
+std::int64_t dlpack_shape[] = {4};
+
+TEST(DLPack, ATensorThatCouldNotBeReadIsRefusedAndItsProducerReleasedOnce) {
+  int& released = dlpack_released;
+  released = 0;
+  auto refusal = [](auto change) -> std::string {
+    auto* managed = new DLManagedTensor{};
+    managed->dl_tensor = {dlpack_values, {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, dlpack_shape, nullptr, 0};
+    managed->deleter = [](DLManagedTensor* m) {
+      delete m;
+      ++dlpack_released;
+    };
+    change(managed->dl_tensor);
+    try {
+      Tensor t = from_dlpack(managed);
+      return "made a tensor of " + std::to_string(t.numel()) + " elements";
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+  };
+  auto has = [](const std::string& text, const char* words) { return text.find(words) != std::string::npos; };
+  EXPECT_PRED2(has, refusal([](DLTensor& dl) { dl.data = nullptr; }), "null data");
+  EXPECT_PRED2(has, refusal([](DLTensor& dl) { dl.shape = nullptr; }), "no shape");
+  EXPECT_PRED2(has, refusal([](DLTensor& dl) { dl.byte_offset = 2; }), "not aligned");
+  EXPECT_EQ(released, 3);
+  // Still made: a whole element further on, and no elements over no memory.
+  EXPECT_PRED2(has, refusal([](DLTensor& dl) { dl.byte_offset = 4; }), "made a tensor of 4");
+  static std::int64_t none[] = {0};
+  EXPECT_PRED2(has, refusal([](DLTensor& dl) {
+                 dl.data = nullptr;
+                 dl.shape = none;
+               }),
+               "made a tensor of 0");
+  EXPECT_EQ(released, 5);
+}
+
 }  // namespace
 }  // namespace forkpool
 
