@@ -6,12 +6,12 @@
 
 namespace forkpool::detail {
 
-void report_callback_failure() noexcept {
+void report_callback_failure(const char* whose) noexcept {
   try {
     auto [type, message] = describe_current_exception();
-    std::fprintf(stderr, "forkpool: a done-callback threw %s: %s\n", type.c_str(), message.c_str());
+    std::fprintf(stderr, "forkpool: %s threw %s: %s\n", whose, type.c_str(), message.c_str());
   } catch (...) {
-    std::fputs("forkpool: a done-callback threw\n", stderr);
+    std::fprintf(stderr, "forkpool: %s threw\n", whose);
   }
 }
 

@@ -32,8 +32,9 @@ struct Progress {
 
 namespace detail {
 
-// Reports a done-callback's exception on stderr: it must not break whoever completed the result.
-void report_callback_failure() noexcept;
+// Reports a callback's exception on stderr, naming whose (`whose`: "a done-callback", "a function
+// given to Loop::post"): it must not break whoever ran it.
+void report_callback_failure(const char* whose) noexcept;
 
 // Who can stop the work behind a result (a pool). Called on the thread that cancels.
 class Canceller {
@@ -137,7 +138,7 @@ class ResultState : public std::enable_shared_from_this<ResultState<R>> {
     try {
       callback(this->shared_from_this());
     } catch (...) {
-      report_callback_failure();
+      report_callback_failure("a done-callback");
     }
   }
 

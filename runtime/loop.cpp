@@ -109,7 +109,7 @@ void detail::LoopInternals::open_door(Loop& loop) {
       try {
         fn();
       } catch (...) {
-        report_callback_failure();
+        report_callback_failure("a function given to Loop::post");
       }
     }
   };

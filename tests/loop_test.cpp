@@ -357,6 +357,20 @@ TEST(LoopPostThreadsTest, APostFromAnotherThreadWakesALoopAsleepInTheKernel) {
   EXPECT_LT(std::chrono::steady_clock::now() - started, 5s);
 }
 
+TEST(Loop, APostedFunctionThatThrowsIsReportedAsOneAndThoseAfterItStillRun) {
+  Loop& loop = Loop::current();
+  std::stop_source after_ran;
+  testing::internal::CaptureStderr();
+  loop.post([] { throw std::runtime_error("posted boom"); });
+  loop.post([&] { after_ran.request_stop(); });
+  run_until_stopped(after_ran, 10s);
+  std::string reported = testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(after_ran.stop_requested());
+  // (It had said "a done-callback threw": no result had a callback.)
+  EXPECT_NE(reported.find("a function given to Loop::post threw std::runtime_error: posted boom"), std::string::npos)
+      << reported;
+}
+
 TEST(LoopPostThreadsTest, PostsFromManyThreadsAllRunOnTheLoopInEachThreadsOrder) {
   Loop& loop = Loop::current();
   constexpr int kThreads = 4, kEach = 2000;
