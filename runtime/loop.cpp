@@ -148,6 +148,11 @@ void detail::LoopInternals::abandon_after_fork() {
 }
 
 detail::LoopInternals::DriveGuard::DriveGuard(Loop& loop, const char* who) : loop_(loop) {
+  // A loop is driven only by its own thread: its ring and coroutines are not shared.
+  if (&loop != t_loop)
+    throw std::logic_error(std::string(who) +
+                           " called on a loop from a thread that does not own it: a loop belongs to the thread "
+                           "that made it (Loop::current()); hand work to it with Loop::post");
   if (loop.driving_) {
     std::string message = who;
     message += " called from inside a coroutine running on the same loop: it would deadlock; co_await instead";

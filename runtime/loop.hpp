@@ -39,7 +39,8 @@ class Loop {
   int fd() const;
 
   // Runs what is ready without blocking; returns how many completions it handled. Coroutines
-  // resume inside this call. std::logic_error if the loop is already being driven (from a coroutine).
+  // resume inside this call. std::logic_error if the loop is already being driven (from a coroutine),
+  // or if the calling thread is not the loop's.
   std::size_t run_ready();
 
   // "io_uring" or "epoll".
