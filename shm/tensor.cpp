@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <optional>
+#include <span>
+#include <vector>
 
 namespace forkpool {
 
@@ -149,8 +152,46 @@ Tensor& Tensor::share_memory_() {
   return *this;
 }
 
+namespace {
+
+// The strides that view `shape`'s elements over a tensor of `old_shape` and `old_strides`, in the
+// same row-major order, or nullopt where a new dimension would span two of the tensor's separate
+// runs of elements. torch's computeStride: each run of old dimensions laid out contiguously with
+// each other (a "chunk") must be cut into whole new dimensions.
+std::optional<std::vector<std::int64_t>> view_strides(std::span<const std::int64_t> old_shape,
+                                                      std::span<const std::int64_t> old_strides,
+                                                      std::span<const std::int64_t> shape, std::int64_t numel) {
+  if (numel == 0 || old_shape.empty()) {
+    // No element to place (torch keeps the strides where the shape is the same), or one.
+    if (numel == 0 && std::ranges::equal(old_shape, shape))
+      return std::vector<std::int64_t>(old_strides.begin(), old_strides.end());
+    return detail::contiguous_strides(shape);
+  }
+  std::vector<std::int64_t> strides(shape.size());
+  auto view_d = static_cast<std::ptrdiff_t>(shape.size()) - 1;
+  std::int64_t chunk_stride = old_strides.back(), chunk_numel = 1, view_numel = 1;
+  for (auto d = static_cast<std::ptrdiff_t>(old_shape.size()) - 1; d >= 0; --d) {
+    chunk_numel *= old_shape[d];
+    bool chunk_ends = d == 0 || (old_shape[d - 1] != 1 && old_strides[d - 1] != chunk_numel * chunk_stride);
+    if (!chunk_ends) continue;
+    while (view_d >= 0 && (view_numel < chunk_numel || shape[view_d] == 1)) {
+      strides[view_d] = view_numel * chunk_stride;
+      view_numel *= shape[view_d];
+      --view_d;
+    }
+    if (view_numel != chunk_numel) return std::nullopt;
+    if (d > 0) {
+      chunk_stride = old_strides[d - 1];
+      chunk_numel = view_numel = 1;
+    }
+  }
+  if (view_d != -1) return std::nullopt;
+  return strides;
+}
+
+}  // namespace
+
 Tensor Tensor::view(std::vector<std::int64_t> shape) const {
-  if (!is_contiguous()) throw std::invalid_argument("forkpool: Tensor::view needs a contiguous tensor");
   std::int64_t known = 1;  // the product of the sizes given
   int inferred = -1;
   for (std::size_t i = 0; i < shape.size(); ++i) {
@@ -172,8 +213,12 @@ Tensor Tensor::view(std::vector<std::int64_t> shape) const {
   if (total != numel())
     throw std::invalid_argument("forkpool: Tensor::view: " + std::to_string(total) + " elements for a tensor of " +
                                 std::to_string(numel()));
-  std::vector<std::int64_t> strides = detail::contiguous_strides(shape);
-  return from_storage(storage_, offset_, std::move(shape), std::move(strides), dtype_);
+  std::optional<std::vector<std::int64_t>> strides = view_strides(dims_.shape(), dims_.strides(), shape, total);
+  if (!strides)
+    throw std::invalid_argument(
+        "forkpool: Tensor::view: the shape does not fit the tensor's strides (a dimension would span two of its "
+        "separate runs of elements, as torch says); view a contiguous copy");
+  return from_storage(storage_, offset_, std::move(shape), std::move(*strides), dtype_);
 }
 
 Tensor Tensor::slice(int dim, std::int64_t begin, std::int64_t end) const {

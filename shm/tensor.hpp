@@ -104,7 +104,9 @@ class Tensor {
   // Moves the data into shared memory (one copy) if it is not there yet.
   Tensor& share_memory_();
 
-  // The same elements in another shape (the tensor must be contiguous); one dimension may be -1.
+  // The same elements in another shape, over the same memory; one dimension may be -1. As torch's
+  // view: a non-contiguous tensor too, where each new dimension lies within one of its runs of
+  // contiguous elements (std::invalid_argument otherwise).
   Tensor view(std::vector<std::int64_t> shape) const;
   // Elements [begin, end) along `dim` (negative dim counts from the end); shares the storage.
   Tensor slice(int dim, std::int64_t begin, std::int64_t end) const;

@@ -186,7 +186,10 @@ TEST(Tensor, ViewsAndSlicesShareStorage) {
   row.data<std::int32_t>()[0] = 40;
   EXPECT_EQ(t.data<std::int32_t>()[4], 40);
   EXPECT_EQ(flat.data<std::int32_t>()[4], 40);
-  EXPECT_THROW(column.view({3}), std::invalid_argument);  // not contiguous
+  Tensor down = column.view({3});  // (3, 1) strides (4, 1): the size-1 dimension goes, as in torch
+  EXPECT_EQ(std::vector<std::int64_t>(down.strides().begin(), down.strides().end()), std::vector<std::int64_t>{4});
+  EXPECT_EQ(down.data<std::int32_t>()[2 * 4], 10);
+  EXPECT_THROW(t.slice(1, 1, 3).view({6}), std::invalid_argument);  // two separate runs of 2
   EXPECT_THROW(t.view({5}), std::invalid_argument);
   EXPECT_THROW(Tensor::empty({-1}, DType::f32), std::invalid_argument);
 }
@@ -213,6 +216,30 @@ TEST(Tensor, ASizeOfZeroReachesNothingHoweverLargeTheOthersAndEveryOtherShapeIsC
   // As torch: beside a 0 the -1 of a view could be any size.
   EXPECT_THROW(Tensor::zeros({0}, DType::f32).view({0, -1}), std::invalid_argument);
   EXPECT_EQ(four.view({2, -1}).shape()[1], 2);
+}
+
+TEST(Tensor, AViewOfANonContiguousTensorSplitsOrMergesOnlyWithinItsRunsAsTorchsDoes) {
+  auto strides_of = [](const Tensor& t) { return std::vector<std::int64_t>(t.strides().begin(), t.strides().end()); };
+  std::vector<std::int32_t> values(24);
+  std::iota(values.begin(), values.end(), 0);
+  Tensor t = Tensor::from<std::int32_t>(values, {4, 6});
+  // Rows of 4 out of 6: each row is a run; a row may be split, two rows may not merge.
+  Tensor rows = t.slice(1, 0, 4);
+  Tensor split = rows.view({4, 2, 2});
+  EXPECT_EQ(strides_of(split), (std::vector<std::int64_t>{6, 2, 1}));
+  EXPECT_EQ(split.data<std::int32_t>()[1 * 6 + 1 * 2 + 1], 9);  // element [1][1][1] is row 1, column 3
+  EXPECT_EQ(strides_of(rows.view({2, 2, 4})), (std::vector<std::int64_t>{12, 6, 1}));  // merging whole rows is fine
+  EXPECT_THROW(rows.view({16}), std::invalid_argument);
+  EXPECT_THROW(rows.view({2, 8}), std::invalid_argument);
+  // The transpose of a 3 x 4: (4, 3) with strides (1, 4). torch gives (2, 2, 3) the strides (2, 1, 4).
+  Tensor transposed = Tensor::from_storage(t.storage(), 0, {4, 3}, {1, 4}, DType::i32);
+  EXPECT_EQ(strides_of(transposed.view({2, 2, 3})), (std::vector<std::int64_t>{2, 1, 4}));
+  EXPECT_THROW(transposed.view({12}), std::invalid_argument);
+  // A 0-dim tensor views as any shape of one element; an empty one keeps its strides in its shape.
+  Tensor scalar = Tensor::zeros({}, DType::f32);
+  EXPECT_EQ(strides_of(scalar.view({1, 1})), (std::vector<std::int64_t>{1, 1}));
+  EXPECT_EQ(strides_of(Tensor::from_storage(t.storage(), 0, {0, 3}, {1, 4}, DType::i32).view({0, 3})),
+            (std::vector<std::int64_t>{1, 4}));
 }
 
 TEST(Tensor, IsContiguousExactlyWhenTheStridesAreRowMajor) {
