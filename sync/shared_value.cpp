@@ -6,6 +6,7 @@
 
 #include <forkpool/ipc/internal/mapping.hpp>
 #include <forkpool/ipc/private/memfd.hpp>
+#include <forkpool/runtime/private/memory_limit.hpp>
 
 namespace forkpool::detail {
 
@@ -17,6 +18,7 @@ struct SharedBytes::Memory {
 
 // A memfd of at least one byte: an empty Array still has a descriptor to pass.
 SharedBytes::SharedBytes(std::size_t size) : lock_() {
+  check_memory_could_hold(size, "forkpool: a shared Value or Array");
   UniqueFd fd = create_memfd("forkpool-value", std::max<std::size_t>(size, 1));
   seal_size(fd.get());
   Mapping mapping = Mapping::map(fd.get(), std::max<std::size_t>(size, 1), PROT_READ | PROT_WRITE);

@@ -19,6 +19,7 @@
 #include <mutex>
 #include <span>
 #include <stdexcept>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -86,7 +87,9 @@ class Array {
 
  public:
   // `size` zeroed elements, or a copy of `values`.
-  explicit Array(std::size_t size) : bytes_(std::make_shared<detail::SharedBytes>(size * sizeof(T))) {}
+  // std::invalid_argument when the bytes would not fit a size_t, std::system_error (ENOMEM) when
+  // they are more than the process could ever have (detail::memory_limit).
+  explicit Array(std::size_t size) : bytes_(std::make_shared<detail::SharedBytes>(checked_bytes(size))) {}
   Array(std::initializer_list<T> values) : Array(std::span<const T>(values.begin(), values.size())) {}
   explicit Array(std::span<const T> values) : Array(values.size()) {
     if (!values.empty()) std::memcpy(bytes_->data(), values.data(), values.size_bytes());
@@ -122,6 +125,13 @@ class Array {
   explicit Array(std::shared_ptr<detail::SharedBytes> bytes) : bytes_(std::move(bytes)) {}
   void check(std::size_t index) const {
     if (index >= size()) throw std::out_of_range("forkpool: Array index out of range");
+  }
+  static std::size_t checked_bytes(std::size_t size) {
+    std::size_t bytes;
+    if (__builtin_mul_overflow(size, sizeof(T), &bytes))
+      throw std::invalid_argument("forkpool: an Array of " + std::to_string(size) + " elements of " +
+                                  std::to_string(sizeof(T)) + " bytes: more bytes than a size_t counts");
+    return bytes;
   }
   std::shared_ptr<detail::SharedBytes> bytes_;
 };

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <system_error>
 #include <fstream>
+#include <limits>
 #include <mutex>
 #include <set>
 #include <span>
@@ -451,6 +452,21 @@ TEST_P(SyncTest, AnArrayWrittenByAnotherProcessIsSeenHere) {
   Array<int> given{3, 1, 2};
   EXPECT_EQ(given.size(), 3u);
   EXPECT_EQ(given.raw()[2], 2);
+}
+
+TEST(SharedValueTest, AnArrayWhoseBytesOverflowOrExceedWhatTheProcessMayHaveIsRefused) {
+  // 2^62 + 1 ints are 2^64 + 4 bytes: wrapped, a one-element Array was made.
+  std::size_t wraps = std::numeric_limits<std::size_t>::max() / sizeof(int) + 2;
+  EXPECT_THROW(Array<int>(wraps).size(), std::invalid_argument);
+  struct sysinfo machine {};
+  ASSERT_EQ(sysinfo(&machine), 0);
+  std::size_t too_many = (machine.totalram + machine.totalswap) * machine.mem_unit / sizeof(double) + 1;
+  try {
+    Array<double> huge(too_many);  // (sparse before: it was made, for writes to fill until the OOM killer came)
+    ADD_FAILURE() << "an Array of " << huge.size() << " doubles was made";
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code(), std::errc::not_enough_memory) << e.what();
+  }
 }
 
 TEST(SharedValueTest, AValueOfTheWrongDescriptorIsAProtocolError) {
