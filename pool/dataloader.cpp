@@ -24,7 +24,7 @@ std::uint64_t mix(std::uint64_t x) {  // splitmix64's finalizer
 // This rank's count of samples per epoch: the padded total's share.
 std::size_t rank_samples(std::size_t dataset_size, const DataLoaderOptions& options) {
   auto world = static_cast<std::size_t>(options.world_size);
-  return (dataset_size + world - 1) / world;
+  return dataset_size / world + (dataset_size % world != 0 ? 1 : 0);  // (a sum could wrap)
 }
 
 // Whether two shapes are equal: a loop, as a sample has a dim or two (std::ranges::equal calls
