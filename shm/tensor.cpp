@@ -221,8 +221,8 @@ Tensor Tensor::view(std::vector<std::int64_t> shape) const {
   return from_storage(storage_, offset_, std::move(shape), std::move(*strides), dtype_);
 }
 
-Tensor Tensor::slice(int dim, std::int64_t begin, std::int64_t end) const {
-  std::span<const std::int64_t> strides = dims_.strides();
+Tensor Tensor::slice(int dim, std::int64_t begin, std::int64_t end, std::int64_t step) const {
+  if (step < 1) throw std::invalid_argument("forkpool: Tensor::slice: the step must be at least 1");
   int ndim = static_cast<int>(dims_.size());
   if (dim < 0) dim += ndim;
   if (dim < 0 || dim >= ndim) throw std::out_of_range("forkpool: Tensor::slice: dimension out of range");
@@ -230,8 +230,10 @@ Tensor Tensor::slice(int dim, std::int64_t begin, std::int64_t end) const {
   begin = std::clamp<std::int64_t>(begin < 0 ? begin + size : begin, 0, size);
   end = std::clamp<std::int64_t>(end < 0 ? end + size : end, begin, size);
   std::vector<std::int64_t> shape(dims_.shape().begin(), dims_.shape().end());
-  shape[dim] = end - begin;
+  std::vector<std::int64_t> strides(dims_.strides().begin(), dims_.strides().end());
   auto offset = offset_ + begin * strides[dim] * static_cast<std::int64_t>(element_size(dtype_));
+  shape[dim] = (end - begin) / step + ((end - begin) % step != 0 ? 1 : 0);
+  if (shape[dim] > 1) strides[dim] *= step;  // (then step < size: it cannot overflow; one element needs no step)
   return detail::tensor_from_storage(storage_, offset, shape, strides, dtype_);
 }
 

@@ -108,8 +108,10 @@ class Tensor {
   // view: a non-contiguous tensor too, where each new dimension lies within one of its runs of
   // contiguous elements (std::invalid_argument otherwise).
   Tensor view(std::vector<std::int64_t> shape) const;
-  // Elements [begin, end) along `dim` (negative dim counts from the end); shares the storage.
-  Tensor slice(int dim, std::int64_t begin, std::int64_t end) const;
+  // Elements [begin, end) along `dim`, every `step`-th from begin, as torch's slice: a negative dim,
+  // begin or end counts from the end, and begin and end are clamped to the dimension. Shares the
+  // storage. A step below 1 is std::invalid_argument.
+  Tensor slice(int dim, std::int64_t begin, std::int64_t end, std::int64_t step = 1) const;
 
   const std::shared_ptr<detail::Storage>& storage() const noexcept { return storage_; }
   std::int64_t storage_offset() const noexcept { return offset_; }  // in bytes

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <limits>
 #include <numeric>
 #include <optional>
 #include <set>
@@ -216,6 +217,28 @@ TEST(Tensor, ASizeOfZeroReachesNothingHoweverLargeTheOthersAndEveryOtherShapeIsC
   // As torch: beside a 0 the -1 of a view could be any size.
   EXPECT_THROW(Tensor::zeros({0}, DType::f32).view({0, -1}), std::invalid_argument);
   EXPECT_EQ(four.view({2, -1}).shape()[1], 2);
+}
+
+TEST(Tensor, ASliceWithAStepTakesEveryStepthElementAsTorchsDoes) {
+  std::vector<std::int32_t> values(20);
+  std::iota(values.begin(), values.end(), 0);
+  Tensor t = Tensor::from<std::int32_t>(values, {4, 5});
+  auto elements = [](const Tensor& s) {  // row-major, through the strides
+    std::vector<std::int32_t> out;
+    for (std::int64_t i = 0; i < s.shape()[0]; ++i)
+      for (std::int64_t j = 0; j < s.shape()[1]; ++j)
+        out.push_back(s.data<std::int32_t>()[i * s.strides()[0] + j * s.strides()[1]]);
+    return out;
+  };
+  // torch: t[:, 1::2] is columns 1 and 3; t[::3] rows 0 and 3; t[1:4:2] rows 1 and 3.
+  EXPECT_EQ(elements(t.slice(1, 1, 5, 2)), (std::vector<std::int32_t>{1, 3, 6, 8, 11, 13, 16, 18}));
+  EXPECT_EQ(elements(t.slice(0, 0, 4, 3)), (std::vector<std::int32_t>{0, 1, 2, 3, 4, 15, 16, 17, 18, 19}));
+  EXPECT_EQ(t.slice(0, 1, 4, 2).shape()[0], 2);
+  EXPECT_EQ(t.slice(1, 0, 5, std::numeric_limits<std::int64_t>::max()).shape()[1],
+            1);  // one element: no stride overflow
+  EXPECT_EQ(t.slice(1, 3, 3, 2).shape()[1], 0);
+  EXPECT_THROW(t.slice(1, 0, 5, 0), std::invalid_argument);
+  EXPECT_THROW(t.slice(1, 0, 5, -1), std::invalid_argument);
 }
 
 TEST(Tensor, AViewOfANonContiguousTensorSplitsOrMergesOnlyWithinItsRunsAsTorchsDoes) {
