@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <sys/sysinfo.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <fstream>
@@ -42,12 +43,14 @@ std::optional<std::uint64_t> read_bytes(const std::string& path, const std::stri
 std::uint64_t add_saturating(std::uint64_t a, std::uint64_t b) { return a > kUnlimited - b ? kUnlimited : a + b; }
 
 // This process's cgroup limit on memory and swap together, the least of its own and its
-// ancestors': cgroup v2 (memory.max + memory.swap.max at each level) or v1's memory controller
-// (memory.stat's hierarchical limits, which already take the ancestors in).
-std::optional<MemoryLimit> cgroup_limit() {
+// ancestors': cgroup v2 (memory.max and memory.swap.max at each level) or v1's memory controller
+// (memory.stat's hierarchical limits, which already take the ancestors in). Swap counts only as
+// far as the machine has any: a limit on memory and unlimited swap, without swap, is the memory's.
+std::optional<MemoryLimit> cgroup_limit(std::uint64_t machine_swap) {
   std::ifstream groups("/proc/self/cgroup");
   std::optional<MemoryLimit> least;
-  auto consider = [&](std::uint64_t bytes, std::string source) {
+  auto consider = [&](std::uint64_t memory, std::uint64_t swap, std::string source) {
+    std::uint64_t bytes = add_saturating(memory, std::min(swap, machine_swap));
     if (bytes != kUnlimited && (!least || bytes < least->bytes)) least = MemoryLimit{bytes, std::move(source)};
   };
   for (std::string line; std::getline(groups, line);) {
@@ -56,19 +59,22 @@ std::optional<MemoryLimit> cgroup_limit() {
     if (first == std::string::npos || second == std::string::npos) continue;
     std::string controllers = line.substr(first + 1, second - first - 1), path = line.substr(second + 1);
     if (controllers.empty()) {
-      for (std::string at = path;; at = at.substr(0, at.rfind('/'))) {
-        std::string dir = "/sys/fs/cgroup" + (at == "/" ? std::string() : at);
+      // The cgroup and each ancestor up to the root: "/a/b", "/a", "".
+      for (std::string at = path == "/" ? std::string() : path;;) {
+        std::string dir = "/sys/fs/cgroup" + at;
         if (std::optional<std::uint64_t> memory = read_bytes(dir + "/memory.max"))
-          consider(add_saturating(*memory, read_bytes(dir + "/memory.swap.max").value_or(0)), dir + "/memory.max");
-        if (at.empty() || at == "/") break;
+          consider(*memory, read_bytes(dir + "/memory.swap.max").value_or(kUnlimited), dir + "/memory.max");
+        std::size_t slash = at.rfind('/');
+        if (at.empty() || slash == std::string::npos) break;
+        at.resize(slash);
       }
     } else if (("," + controllers + ",").find(",memory,") != std::string::npos) {
       std::string stat = "/sys/fs/cgroup/memory" + (path == "/" ? std::string() : path) + "/memory.stat";
-      // memsw counts memory and swap together; without swap accounting only memory is limited.
-      if (std::optional<std::uint64_t> both = read_bytes(stat, "hierarchical_memsw_limit"))
-        consider(*both, stat);
-      else if (std::optional<std::uint64_t> memory = read_bytes(stat, "hierarchical_memory_limit"))
-        consider(*memory, stat);
+      // memsw counts memory and swap together (absent without swap accounting).
+      if (std::optional<std::uint64_t> memory = read_bytes(stat, "hierarchical_memory_limit")) {
+        std::uint64_t both = read_bytes(stat, "hierarchical_memsw_limit").value_or(kUnlimited);
+        consider(*memory, both > *memory ? both - *memory : 0, stat);
+      }
     }
   }
   return least;
@@ -76,10 +82,13 @@ std::optional<MemoryLimit> cgroup_limit() {
 
 MemoryLimit find_memory_limit() {
   MemoryLimit limit{kUnlimited, "RAM and swap"};
+  std::uint64_t swap = 0;
   struct sysinfo machine {};
-  if (sysinfo(&machine) == 0)
+  if (sysinfo(&machine) == 0) {
     limit.bytes = (static_cast<std::uint64_t>(machine.totalram) + machine.totalswap) * machine.mem_unit;
-  if (std::optional<MemoryLimit> group = cgroup_limit(); group && group->bytes < limit.bytes)
+    swap = static_cast<std::uint64_t>(machine.totalswap) * machine.mem_unit;
+  }
+  if (std::optional<MemoryLimit> group = cgroup_limit(swap); group && group->bytes < limit.bytes)
     limit = MemoryLimit{group->bytes, "the limit of this process's cgroup, " + group->source};
   return limit;
 }
