@@ -179,6 +179,11 @@ std::int64_t more_than_the_machine_has() {
   return static_cast<std::int64_t>((machine.totalram + machine.totalswap) * machine.mem_unit) + (1 << 20);
 }
 void volunteer_to_the_oom_killer() { std::ofstream("/proc/self/oom_score_adj") << 1000; }
+std::string how_the_child_ended(SharingStrategy strategy, int status) {
+  return (strategy == SharingStrategy::file_system ? "file_system: " : "file_descriptor: ") +
+         (WIFEXITED(status) ? "exit " + std::to_string(WEXITSTATUS(status))
+                            : "killed by signal " + std::to_string(WTERMSIG(status)));
+}
 
 TEST(SharedMemory, ATensorLargerThanTheMachinesMemoryIsRefusedBeforeAnyIsTaken) {
   for (SharingStrategy strategy : get_all_sharing_strategies()) {
@@ -198,10 +203,7 @@ TEST(SharedMemory, ATensorLargerThanTheMachinesMemoryIsRefusedBeforeAnyIsTaken) 
       if (shared_memory_stats().mapped_bytes != before.mapped_bytes || open_fd_count() != descriptors) _exit(5);
       Tensor::zeros({1 << 20}, DType::f32).data<float>()[0] = 1;  // and the process goes on
     });
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-        << (strategy == SharingStrategy::file_system ? "file_system: " : "file_descriptor: ")
-        << (WIFEXITED(status) ? "exit " + std::to_string(WEXITSTATUS(status))
-                              : "killed by signal " + std::to_string(WTERMSIG(status)));
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << how_the_child_ended(strategy, status);
   }
 }
 
@@ -266,10 +268,7 @@ TEST(SharedMemory, ATensorLargerThanItsCgroupAllowsIsRefusedBeforeAnyIsTaken) {
       }
       Tensor::zeros({std::int64_t{64} << 20}, DType::u8).data<std::uint8_t>()[0] = 1;  // within it: made
     });
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-        << (strategy == SharingStrategy::file_system ? "file_system: " : "file_descriptor: ")
-        << (WIFEXITED(status) ? "exit " + std::to_string(WEXITSTATUS(status))
-                              : "killed by signal " + std::to_string(WTERMSIG(status)));
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << how_the_child_ended(strategy, status);
   }
 }
 
