@@ -163,23 +163,23 @@ class AsyncResult {
   // ready, without waiting (results that arrived, the next jobs out), so a program that only
   // polls ready() sees its work go on and finish; inside a coroutine on the loop it only looks.
   bool ready() const {
-    if (!state_->ready()) detail::run_ready_work_if_idle();
-    return state_->ready();
+    if (!state().ready()) detail::run_ready_work_if_idle();
+    return state().ready();
   }
 
   // Items done of the total: a map's elements, otherwise 0 or 1 of 1.
-  Progress progress() const { return state_->progress(); }
+  Progress progress() const { return state().progress(); }
 
   // Stops the work: a queued task is dropped; a running one is stopped by killing its worker
   // (which is replaced; the other work it had runs elsewhere, at no cost). The result fails with
   // Cancelled at once. No effect once ready. On the thread of the pool that made the result.
-  void cancel() { state_->cancel(); }
+  void cancel() { state().cancel(); }
 
   // Runs `callback(*this)` on the loop's thread once the result is ready (now, if it is), as
   // concurrent.futures' add_done_callback. A callback that throws is reported on stderr and
   // breaks nothing.
   void add_done_callback(std::function<void(AsyncResult&)> callback) {
-    state_->on_done([callback = std::move(callback)](std::shared_ptr<detail::ResultState<R>> state) {
+    state().on_done([callback = std::move(callback)](std::shared_ptr<detail::ResultState<R>> state) {
       AsyncResult result(std::move(state));
       callback(result);
     });
@@ -190,7 +190,7 @@ class AsyncResult {
   Task<bool> async_wait(std::chrono::nanoseconds timeout) const {
     if (ready()) co_return true;
     auto stop = std::make_shared<std::stop_source>();
-    state_->stop_on_done(stop);
+    state().stop_on_done(stop);
     std::stop_token token = stop->get_token();
     co_await detail::wait_until(detail::deadline_after(timeout), token);
     co_return ready();
@@ -199,7 +199,7 @@ class AsyncResult {
   // Whether the work succeeded; std::logic_error while it is not ready (as Python's ValueError).
   bool successful() const {
     if (!ready()) throw std::logic_error("forkpool: AsyncResult::successful() called before the result is ready");
-    return state_->successful();
+    return state().successful();
   }
 
   // Blocks (driving the loop) until ready, then returns the value or rethrows the task's error.
@@ -208,31 +208,34 @@ class AsyncResult {
   // moved out instead.
   R get() const& {
     wait();
-    return state_->copy();
+    return state().copy();
   }
   R get() && {
     wait();
-    return state_->take();
+    return state().take();
   }
   // As get(), but throws TimeoutError when `timeout` passes first.
   R get(std::chrono::nanoseconds timeout) const& {
     if (!wait(timeout)) throw TimeoutError("forkpool: AsyncResult::get timed out");
-    return state_->copy();
+    return state().copy();
   }
   R get(std::chrono::nanoseconds timeout) && {
     if (!wait(timeout)) throw TimeoutError("forkpool: AsyncResult::get timed out");
-    return state_->take();
+    return state().take();
   }
   void wait() const {
-    detail::drive_loop_until([this] { return state_->ready(); }, std::nullopt, "forkpool::AsyncResult::wait");
+    detail::drive_loop_until([this] { return state().ready(); }, std::nullopt, "forkpool::AsyncResult::wait");
   }
   // True if the result became ready within `timeout`.
   bool wait(std::chrono::nanoseconds timeout) const {
-    return detail::drive_loop_until([this] { return state_->ready(); }, timeout, "forkpool::AsyncResult::wait");
+    return detail::drive_loop_until([this] { return state().ready(); }, timeout, "forkpool::AsyncResult::wait");
   }
 
-  auto operator co_await() const& { return Awaiter<false>{state_}; }
-  auto operator co_await() && { return Awaiter<true>{std::move(state_)}; }
+  auto operator co_await() const& { return Awaiter<false>{checked()}; }
+  auto operator co_await() && {
+    checked();
+    return Awaiter<true>{std::move(state_)};
+  }
 
  private:
   template <bool Take>
@@ -248,6 +251,14 @@ class AsyncResult {
       }
     }
   };
+
+  // The state, or std::logic_error for a moved-from AsyncResult (as a moved-from std::future
+  // throws future_error(no_state) rather than reading nothing).
+  const std::shared_ptr<detail::ResultState<R>>& checked() const {
+    if (!state_) throw std::logic_error("forkpool: an AsyncResult used after it was moved from: it holds no result");
+    return state_;
+  }
+  detail::ResultState<R>& state() const { return *checked(); }
 
   std::shared_ptr<detail::ResultState<R>> state_;
 };

@@ -484,6 +484,18 @@ TEST_P(PoolTest, SuccessfulBeforeReadyIsALogicError) {
   EXPECT_TRUE(slow.successful());
 }
 
+TEST(AsyncResultTest, AMovedFromResultIsALogicErrorAndNeverACrash) {
+  Pool pool({.processes = 1});
+  AsyncResult<int> moved = pool.apply_async(square, 3);
+  AsyncResult<int> kept = std::move(moved);
+  EXPECT_EQ(kept.get(10s), 9);
+  // (Each read a null state: a segfault, as ASan showed.) As a moved-from std::future throws.
+  EXPECT_THROW(moved.get(1s), std::logic_error);
+  EXPECT_THROW(moved.ready(), std::logic_error);
+  EXPECT_THROW(moved.cancel(), std::logic_error);
+  EXPECT_THROW(run([&]() -> Task<int> { co_return co_await moved; }()), std::logic_error);
+}
+
 TEST_P(PoolTest, GetFromInsideACoroutineIsALogicError) {
   Pool pool(options());
   auto body = [&]() -> Task<bool> {
