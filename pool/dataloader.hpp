@@ -43,6 +43,7 @@
 #include <forkpool/pool/worker_info.hpp>
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/internal/progress_line.hpp>
+#include <forkpool/runtime/internal/shared_handle.hpp>
 #include <forkpool/shm/tensor.hpp>
 #include <forkpool/shm/tensor_codec.hpp>
 
@@ -183,7 +184,7 @@ class DataLoader {
   std::size_t size() const requires detail::MapStyleDataset<Dataset> {
     return detail::batches_per_epoch(shared_->dataset.size(), options_);
   }
-  Dataset& dataset() noexcept { return shared_->dataset; }
+  Dataset& dataset() { return shared_->dataset; }
 
   // The next epoch, in coroutines: co_await next() gives batches, empty at the end. A sample
   // whose get() threw fails its batch with RemoteError (the thrown type; "sample N: " and its
@@ -201,7 +202,7 @@ class DataLoader {
     std::vector<detail::IndexBatch> batches;
     if constexpr (!kIterable) batches = detail::epoch_batches(shared_->dataset.size(), options_, seed_, epoch);
     if (options_.num_workers == 0) {
-      auto state = std::make_shared<InProcessEpoch>(shared_, std::move(batches), epoch);
+      auto state = std::make_shared<InProcessEpoch>(shared_.shared(), std::move(batches), epoch);
       state->start();
       return Stream<Batch>(std::move(state));
     }
@@ -337,7 +338,7 @@ class DataLoader {
   PoolOptions pool_options() const {
     return {.processes = options_.num_workers,
             .initializer =
-                [shared = shared_] {
+                [shared = shared_.shared()] {
                   in_worker = shared.get();
                   if (shared->worker_init) shared->worker_init(worker_info()->id);
                 },
@@ -447,7 +448,7 @@ class DataLoader {
     std::uint64_t epoch_;
   };
 
-  std::shared_ptr<Shared> shared_;
+  detail::SharedHandle<Shared, "DataLoader"> shared_;
   DataLoaderOptions options_;
   std::uint64_t seed_ = 0;
   std::uint64_t epochs_ = 0;

@@ -17,6 +17,7 @@
 
 #include <forkpool/pool/internal/stream_state.hpp>
 #include <forkpool/runtime/internal/progress_line.hpp>
+#include <forkpool/runtime/internal/shared_handle.hpp>
 #include <forkpool/runtime/loop.hpp>
 #include <forkpool/runtime/task.hpp>
 
@@ -34,7 +35,7 @@ class Stream {
   // end. A task that threw rethrows here, at its place; the stream goes on after it.
   // `co_await s.next()` in a coroutine, `run(s.next())` in plain code. Coroutines that share
   // the stream (when_all of two consumers) are answered in the order they asked.
-  StreamNext<R> next() { return StreamNext<R>(state_); }
+  StreamNext<R> next() { return StreamNext<R>(state_.shared()); }
 
   // Items finished so far, of the total (known once the input has been read).
   Progress progress() const { return state_->progress(); }
@@ -69,7 +70,7 @@ class Stream {
   std::default_sentinel_t end() const noexcept { return {}; }
 
  private:
-  std::shared_ptr<detail::StreamState<R>> state_;
+  detail::SharedHandle<detail::StreamState<R>, "Stream"> state_;
 };
 
 // What Stream::next() returns: co_await it once, where it is made (a result that is already

@@ -18,6 +18,7 @@
 #include <forkpool/runtime/internal/blocking_wait.hpp>
 #include <forkpool/runtime/internal/one_shot.hpp>
 #include <forkpool/runtime/internal/io.hpp>
+#include <forkpool/runtime/internal/shared_handle.hpp>
 #include <forkpool/runtime/loop.hpp>
 #include <forkpool/runtime/task.hpp>
 
@@ -224,18 +225,16 @@ class AsyncResult {
     return state().take();
   }
   void wait() const {
-    detail::drive_loop_until([this] { return state().ready(); }, std::nullopt, "forkpool::AsyncResult::wait");
+    detail::drive_loop_until([&state = state()] { return state.ready(); }, std::nullopt, "forkpool::AsyncResult::wait");
   }
   // True if the result became ready within `timeout`.
   bool wait(std::chrono::nanoseconds timeout) const {
-    return detail::drive_loop_until([this] { return state().ready(); }, timeout, "forkpool::AsyncResult::wait");
+    return detail::drive_loop_until([&state = state()] { return state.ready(); }, timeout,
+                                    "forkpool::AsyncResult::wait");
   }
 
-  auto operator co_await() const& { return Awaiter<false>{checked()}; }
-  auto operator co_await() && {
-    checked();
-    return Awaiter<true>{std::move(state_)};
-  }
+  auto operator co_await() const& { return Awaiter<false>{state_.shared()}; }
+  auto operator co_await() && { return Awaiter<true>{state_.take()}; }
 
  private:
   template <bool Take>
@@ -252,15 +251,9 @@ class AsyncResult {
     }
   };
 
-  // The state, or std::logic_error for a moved-from AsyncResult (as a moved-from std::future
-  // throws future_error(no_state) rather than reading nothing).
-  const std::shared_ptr<detail::ResultState<R>>& checked() const {
-    if (!state_) throw std::logic_error("forkpool: an AsyncResult used after it was moved from: it holds no result");
-    return state_;
-  }
-  detail::ResultState<R>& state() const { return *checked(); }
+  detail::ResultState<R>& state() const { return *state_; }
 
-  std::shared_ptr<detail::ResultState<R>> state_;
+  detail::SharedHandle<detail::ResultState<R>, "AsyncResult"> state_;
 };
 
 }  // namespace forkpool

@@ -1,6 +1,9 @@
 #include <forkpool/runtime/error.hpp>
+#include <forkpool/runtime/internal/shared_handle.hpp>
 
 #include <string.h>
+
+#include <string_view>
 
 namespace forkpool {
 namespace {
@@ -57,4 +60,13 @@ ProcessExitedException::ProcessExitedException(int rank, pid_t pid, int exit_cod
 
 std::string ProcessExitedException::signal_name() const { return signal_ ? signal_name_of(signal_) : std::string(); }
 
+namespace detail {
+
+void throw_moved_from(const char* type) {
+  const bool vowel = std::string_view("AEIOU").find(type[0]) != std::string_view::npos;
+  throw std::logic_error(std::string(vowel ? "forkpool: an " : "forkpool: a ") + type +
+                         " used after it was moved from: it holds nothing");
+}
+
+}  // namespace detail
 }  // namespace forkpool

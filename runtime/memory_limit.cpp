@@ -47,20 +47,15 @@ std::uint64_t add_saturating(std::uint64_t a, std::uint64_t b) { return a > kUnl
 // (memory.stat's hierarchical limits, which already take the ancestors in). Swap counts only as
 // far as the machine has any: a limit on memory and unlimited swap, without swap, is the memory's.
 std::optional<MemoryLimit> cgroup_limit(std::uint64_t machine_swap) {
-  std::ifstream groups("/proc/self/cgroup");
   std::optional<MemoryLimit> least;
   auto consider = [&](std::uint64_t memory, std::uint64_t swap, std::string source) {
     std::uint64_t bytes = add_saturating(memory, std::min(swap, machine_swap));
     if (bytes != kUnlimited && (!least || bytes < least->bytes)) least = MemoryLimit{bytes, std::move(source)};
   };
-  for (std::string line; std::getline(groups, line);) {
-    // "hierarchy-id:controllers:path"; v2's line is "0::path".
-    std::size_t first = line.find(':'), second = line.find(':', first + 1);
-    if (first == std::string::npos || second == std::string::npos) continue;
-    std::string controllers = line.substr(first + 1, second - first - 1), path = line.substr(second + 1);
-    if (controllers.empty()) {
+  for (const MemoryCgroupDir& group : memory_cgroups_of_this_process()) {
+    if (!group.v1) {
       // The cgroup and each ancestor up to the root: "/a/b", "/a", "".
-      for (std::string at = path == "/" ? std::string() : path;;) {
+      for (std::string at = group.path;;) {
         std::string dir = "/sys/fs/cgroup" + at;
         if (std::optional<std::uint64_t> memory = read_bytes(dir + "/memory.max"))
           consider(*memory, read_bytes(dir + "/memory.swap.max").value_or(kUnlimited), dir + "/memory.max");
@@ -68,8 +63,8 @@ std::optional<MemoryLimit> cgroup_limit(std::uint64_t machine_swap) {
         if (at.empty() || slash == std::string::npos) break;
         at.resize(slash);
       }
-    } else if (("," + controllers + ",").find(",memory,") != std::string::npos) {
-      std::string stat = "/sys/fs/cgroup/memory" + (path == "/" ? std::string() : path) + "/memory.stat";
+    } else {
+      std::string stat = group.dir + "/memory.stat";
       // memsw counts memory and swap together (absent without swap accounting).
       if (std::optional<std::uint64_t> memory = read_bytes(stat, "hierarchical_memory_limit")) {
         std::uint64_t both = read_bytes(stat, "hierarchical_memsw_limit").value_or(kUnlimited);
@@ -114,6 +109,23 @@ LimitCache& cache() {
 }
 
 }  // namespace
+
+std::vector<MemoryCgroupDir> memory_cgroups_of_this_process() {
+  std::vector<MemoryCgroupDir> groups;
+  std::ifstream lines("/proc/self/cgroup");
+  for (std::string line; std::getline(lines, line);) {
+    // "hierarchy-id:controllers:path"; v2's line is "0::path".
+    std::size_t first = line.find(':'), second = line.find(':', first + 1);
+    if (first == std::string::npos || second == std::string::npos) continue;
+    std::string controllers = line.substr(first + 1, second - first - 1), path = line.substr(second + 1);
+    if (path == "/") path.clear();
+    if (controllers.empty())
+      groups.push_back({"/sys/fs/cgroup" + path, path, false});
+    else if (("," + controllers + ",").find(",memory,") != std::string::npos)
+      groups.push_back({"/sys/fs/cgroup/memory" + path, path, true});
+  }
+  return groups;
+}
 
 MemoryLimit memory_limit() {
   LimitCache& known = cache();

@@ -92,10 +92,10 @@ SharedMemory SharedMemory::attach(std::string name) {
   return map(std::move(name), fd, true);
 }
 
-std::span<std::byte> SharedMemory::bytes() const noexcept {
+std::span<std::byte> SharedMemory::bytes() const {
   return {block_->mapping.data(), block_->mapping.data() ? block_->size : 0};
 }
-const std::string& SharedMemory::name() const noexcept { return block_->name; }
+const std::string& SharedMemory::name() const { return block_->name; }
 
 void SharedMemory::unlink() {
   if (shm_unlink(("/" + block_->name).c_str()) != 0 && errno != ENOENT)
@@ -105,7 +105,7 @@ void SharedMemory::unlink() {
 
 void codec<SharedMemory>::encode(Writer& w, const SharedMemory& memory) {
   w.write(memory.block_->name);
-  w.write(w.attach_fd(memory.block_->fd.get(), memory.block_));
+  w.write(w.attach_fd(memory.block_->fd.get(), memory.block_.shared()));
 }
 
 SharedMemory codec<SharedMemory>::decode(Reader& r) {

@@ -21,6 +21,7 @@
 #include <string>
 
 #include <forkpool/ipc/codec.hpp>
+#include <forkpool/runtime/internal/shared_handle.hpp>
 
 namespace forkpool {
 
@@ -34,8 +35,8 @@ class SharedMemory {
   // when there is none).
   static SharedMemory attach(std::string name);
 
-  std::span<std::byte> bytes() const noexcept;
-  const std::string& name() const noexcept;
+  std::span<std::byte> bytes() const;
+  const std::string& name() const;
   // Removes the name now: attach() fails from here on; mappings stay valid until released.
   void unlink();
 
@@ -44,7 +45,7 @@ class SharedMemory {
   struct Block;
   explicit SharedMemory(std::shared_ptr<Block> block) : block_(std::move(block)) {}
   static SharedMemory map(std::string name, int fd, bool track);
-  std::shared_ptr<Block> block_;
+  detail::SharedHandle<Block, "SharedMemory"> block_;
 };
 
 template <>

@@ -26,6 +26,7 @@
 
 #include <forkpool/ipc/codec.hpp>
 #include <forkpool/ipc/internal/channel.hpp>
+#include <forkpool/runtime/internal/shared_handle.hpp>
 #include <forkpool/sync/queue.hpp>
 #include <forkpool/runtime/task.hpp>
 
@@ -87,9 +88,9 @@ class Connection {
   }
   // This process's copies of this end stop: the other side reads to the end, then ChannelClosed.
   void close() { end_->channel = detail::Channel(UniqueFd()); }
-  bool closed() const noexcept { return end_->channel.fd() < 0; }
+  bool closed() const { return end_->channel.fd() < 0; }
   // Readable when a value (or the end) is waiting: for poll(2), or wait_ready() beside others.
-  int fd() const noexcept { return end_->channel.fd(); }
+  int fd() const { return end_->channel.fd(); }
 
  private:
   template <class U>
@@ -97,7 +98,7 @@ class Connection {
   friend struct codec<Connection<T>>;
   static constexpr std::uint16_t kValue = 1;
   explicit Connection(std::shared_ptr<detail::ConnectionEnd> end) : end_(std::move(end)) {}
-  std::shared_ptr<detail::ConnectionEnd> end_;
+  detail::SharedHandle<detail::ConnectionEnd, "Connection"> end_;
 };
 
 // Two connected ends. duplex false: the first only receives, the second only sends (Python's
@@ -117,7 +118,9 @@ std::vector<int> wait_ready(std::span<const int> fds,
 template <class T>
 struct codec<Connection<T>> {
   static constexpr std::size_t min_size = 2 + sizeof(std::uint32_t);
-  static void encode(Writer& w, const Connection<T>& connection) { detail::encode_connection(w, connection.end_); }
+  static void encode(Writer& w, const Connection<T>& connection) {
+    detail::encode_connection(w, connection.end_.shared());
+  }
   static Connection<T> decode(Reader& r) { return Connection<T>(detail::decode_connection(r)); }
 };
 

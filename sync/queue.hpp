@@ -20,6 +20,7 @@
 #include <forkpool/ipc/codec.hpp>
 #include <forkpool/ipc/internal/channel.hpp>
 #include <forkpool/runtime/internal/deadline.hpp>
+#include <forkpool/runtime/internal/shared_handle.hpp>
 #include <forkpool/runtime/task.hpp>
 
 namespace forkpool {
@@ -152,17 +153,17 @@ class Queue {
   }
 
   // This process puts no more (further puts throw std::logic_error); gets go on.
-  void close() noexcept { core_->close(); }
+  void close() { core_->close(); }
 
   // Approximate, as Python says: other processes put and get meanwhile.
   std::size_t qsize() const { return core_->qsize(); }
   bool empty() const { return qsize() == 0; }
   bool full() const { return core_->maxsize() > 0 && qsize() >= core_->maxsize(); }
-  std::size_t maxsize() const noexcept { return core_->maxsize(); }
+  std::size_t maxsize() const { return core_->maxsize(); }
 
  protected:
   explicit Queue(std::shared_ptr<detail::QueueCore> core) : core_(std::move(core)) {}
-  std::shared_ptr<detail::QueueCore> core_;
+  detail::SharedHandle<detail::QueueCore, "Queue"> core_;
 
  private:
   friend struct codec<Queue<T>>;
@@ -203,14 +204,14 @@ std::shared_ptr<QueueCore> decode_queue(Reader& r);
 template <class T>
 struct codec<Queue<T>> {
   static constexpr std::size_t min_size = sizeof(std::uint64_t) + 3 * sizeof(std::uint32_t);
-  static void encode(Writer& w, const Queue<T>& queue) { queue.core_->encode(w, queue.core_); }
+  static void encode(Writer& w, const Queue<T>& queue) { queue.core_->encode(w, queue.core_.shared()); }
   static Queue<T> decode(Reader& r) { return Queue<T>(detail::decode_queue(r)); }
 };
 
 template <class T>
 struct codec<JoinableQueue<T>> {
   static constexpr std::size_t min_size = codec<Queue<T>>::min_size;
-  static void encode(Writer& w, const JoinableQueue<T>& queue) { queue.core_->encode(w, queue.core_); }
+  static void encode(Writer& w, const JoinableQueue<T>& queue) { queue.core_->encode(w, queue.core_.shared()); }
   static JoinableQueue<T> decode(Reader& r) { return JoinableQueue<T>(detail::decode_queue(r)); }
 };
 

@@ -70,19 +70,22 @@ bool acquire_until(SemaphoreState& state, detail::Deadline deadline) {
   }
 }
 
-}  // namespace
-
-Semaphore::Semaphore(int value) : Semaphore(value, false) {}
-
-Semaphore::Semaphore(int value, bool bounded) {
+std::shared_ptr<detail::SharedPage> new_semaphore(int value, bool bounded) {
   if (value < 0) throw std::invalid_argument("forkpool: a Semaphore's value must be >= 0");
-  page_ = detail::SharedPage::create(bounded ? "forkpool-bounded-semaphore" : "forkpool-semaphore");
-  SemaphoreState& state = state_of(*page_);
+  auto page = detail::SharedPage::create(bounded ? "forkpool-bounded-semaphore" : "forkpool-semaphore");
+  SemaphoreState& state = state_of(*page);
   detail::init_robust_mutex(state.mutex, "forkpool: Semaphore");
   state.value.store(value);
   state.initial = value;
   state.bound = bounded ? value : INT_MAX;
+  return page;
 }
+
+}  // namespace
+
+Semaphore::Semaphore(int value) : Semaphore(value, false) {}
+
+Semaphore::Semaphore(int value, bool bounded) : page_(new_semaphore(value, bounded)) {}
 
 void Semaphore::acquire() { acquire_until(state_of(*page_), std::nullopt); }
 
@@ -93,7 +96,7 @@ bool Semaphore::acquire(std::chrono::nanoseconds timeout) {
 bool Semaphore::try_acquire() { return acquire(0ns); }
 
 Task<void> Semaphore::async_acquire() {
-  std::shared_ptr<detail::SharedPage> page = page_;  // this handle may go first
+  std::shared_ptr<detail::SharedPage> page = page_.shared();  // this handle may go first
   SemaphoreState& state = state_of(*page);
   while (!take_unit(state)) {
     co_await detail::word_changed(&state.value, 0, detail::deadline_after(detail::kEndedHolderCheck),
@@ -119,7 +122,7 @@ void Semaphore::release() {
 int Semaphore::value() const { return state_of(*page_).value.load(); }
 
 void codec<Semaphore>::encode(Writer& w, const Semaphore& semaphore) {
-  w.write(w.attach_fd(semaphore.page_->fd(), semaphore.page_));
+  w.write(w.attach_fd(semaphore.page_->fd(), semaphore.page_.shared()));
 }
 
 Semaphore codec<Semaphore>::decode(Reader& r) {

@@ -17,6 +17,7 @@
 #include <memory>
 
 #include <forkpool/ipc/codec.hpp>
+#include <forkpool/runtime/internal/shared_handle.hpp>
 #include <forkpool/runtime/task.hpp>
 
 namespace forkpool {
@@ -48,7 +49,7 @@ class Semaphore {
   friend struct codec<Semaphore>;
   friend struct codec<class BoundedSemaphore>;
   explicit Semaphore(std::shared_ptr<detail::SharedPage> page) : page_(std::move(page)) {}
-  std::shared_ptr<detail::SharedPage> page_;
+  detail::SharedHandle<detail::SharedPage, "Semaphore"> page_;
 };
 
 // A Semaphore whose release() past its start value is an error (std::logic_error), as

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include <forkpool/ipc/codec.hpp>
+#include <forkpool/runtime/internal/shared_handle.hpp>
 #include <forkpool/sync/sync.hpp>
 
 namespace forkpool {
@@ -62,7 +63,7 @@ class Value {
 
  public:
   explicit Value(T initial = T{}) : bytes_(std::make_shared<detail::SharedBytes>(sizeof(T))) { store(initial); }
-  RLock& get_lock() noexcept { return bytes_->lock(); }
+  RLock& get_lock() { return bytes_->lock(); }
   T load() const {
     std::lock_guard held(bytes_->lock());
     T value;
@@ -77,7 +78,7 @@ class Value {
  private:
   friend struct codec<Value<T>>;
   explicit Value(std::shared_ptr<detail::SharedBytes> bytes) : bytes_(std::move(bytes)) {}
-  std::shared_ptr<detail::SharedBytes> bytes_;
+  detail::SharedHandle<detail::SharedBytes, "Value"> bytes_;
 };
 
 template <class T>
@@ -95,8 +96,8 @@ class Array {
     if (!values.empty()) std::memcpy(bytes_->data(), values.data(), values.size_bytes());
   }
 
-  std::size_t size() const noexcept { return bytes_->size() / sizeof(T); }
-  RLock& get_lock() noexcept { return bytes_->lock(); }
+  std::size_t size() const { return bytes_->size() / sizeof(T); }
+  RLock& get_lock() { return bytes_->lock(); }
   // One element, under the lock. Throws std::out_of_range.
   T load(std::size_t index) const {
     check(index);
@@ -118,7 +119,7 @@ class Array {
     return values;
   }
   // The elements themselves, without the lock: hold get_lock() while other processes write.
-  std::span<T> raw() const noexcept { return {reinterpret_cast<T*>(bytes_->data()), size()}; }
+  std::span<T> raw() const { return {reinterpret_cast<T*>(bytes_->data()), size()}; }
 
  private:
   friend struct codec<Array<T>>;
@@ -133,19 +134,19 @@ class Array {
                                   std::to_string(sizeof(T)) + " bytes: more bytes than a size_t counts");
     return bytes;
   }
-  std::shared_ptr<detail::SharedBytes> bytes_;
+  detail::SharedHandle<detail::SharedBytes, "Array"> bytes_;
 };
 
 template <class T>
 struct codec<Value<T>> {
   static constexpr std::size_t min_size = sizeof(std::uint64_t) + 2 * sizeof(std::uint32_t);
-  static void encode(Writer& w, const Value<T>& value) { value.bytes_->encode(w, value.bytes_); }
+  static void encode(Writer& w, const Value<T>& value) { value.bytes_->encode(w, value.bytes_.shared()); }
   static Value<T> decode(Reader& r) { return Value<T>(detail::SharedBytes::decode(r, sizeof(T))); }
 };
 template <class T>
 struct codec<Array<T>> {
   static constexpr std::size_t min_size = sizeof(std::uint64_t) + 2 * sizeof(std::uint32_t);
-  static void encode(Writer& w, const Array<T>& array) { array.bytes_->encode(w, array.bytes_); }
+  static void encode(Writer& w, const Array<T>& array) { array.bytes_->encode(w, array.bytes_.shared()); }
   static Array<T> decode(Reader& r) { return Array<T>(detail::SharedBytes::decode(r, sizeof(T))); }
 };
 

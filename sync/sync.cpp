@@ -39,7 +39,7 @@ Event::Event() : state_(std::make_shared<State>()) {
   state_->fd = UniqueFd(fd);
 }
 
-int Event::fd() const noexcept { return state_->fd.get(); }
+int Event::fd() const { return state_->fd.get(); }
 
 void Event::set() {
   std::uint64_t one = 1;
@@ -64,7 +64,7 @@ Task<void> Event::async_wait() const {
   co_return;
 }
 
-void codec<Event>::encode(Writer& w, const Event& event) { w.write(w.attach_fd(event.fd(), event.state_)); }
+void codec<Event>::encode(Writer& w, const Event& event) { w.write(w.attach_fd(event.fd(), event.state_.shared())); }
 
 Event codec<Event>::decode(Reader& r) {
   UniqueFd fd = r.take_fd(r.read<std::uint32_t>());
@@ -136,7 +136,7 @@ bool Lock::try_lock_for(std::chrono::nanoseconds timeout) {
   return took(rc);
 }
 
-bool Lock::locked() const noexcept {
+bool Lock::locked() const {
   // The kernel clears the owner's thread id from the word when the owner dies (and sets
   // FUTEX_OWNER_DIED).
   return (std::atomic_ref<int>(futex_word_of(*page_)).load() & FUTEX_TID_MASK) != 0;
@@ -169,7 +169,7 @@ void Lock::unlock() {
   page_->mutex_released();
 }
 
-void codec<Lock>::encode(Writer& w, const Lock& lock) { w.write(w.attach_fd(lock.page_->fd(), lock.page_)); }
+void codec<Lock>::encode(Writer& w, const Lock& lock) { w.write(w.attach_fd(lock.page_->fd(), lock.page_.shared())); }
 Lock codec<Lock>::decode(Reader& r) { return Lock(detail::SharedPage::adopt(r.take_fd(r.read<std::uint32_t>()))); }
 
 using detail::RobustGuard;
@@ -204,7 +204,7 @@ bool Condition::wait_for(std::unique_lock<Lock>& held, std::chrono::nanoseconds 
 
 Task<void> Condition::async_wait(std::unique_lock<Lock>& held) {
   if (!held.owns_lock()) throw std::logic_error("forkpool: Condition::async_wait without its lock held");
-  std::shared_ptr<detail::SharedPage> page = page_;
+  std::shared_ptr<detail::SharedPage> page = page_.shared();
   auto& sequence = page->as<ConditionState>()->sequence;
   std::uint32_t seen = sequence.load();
   Lock* lock = held.release();
@@ -225,7 +225,7 @@ void Condition::notify_all() { notify(INT_MAX); }
 
 void codec<Condition>::encode(Writer& w, const Condition& condition) {
   codec<Lock>::encode(w, condition.lock_);
-  w.write(w.attach_fd(condition.page_->fd(), condition.page_));
+  w.write(w.attach_fd(condition.page_->fd(), condition.page_.shared()));
 }
 Condition codec<Condition>::decode(Reader& r) {
   Lock lock = codec<Lock>::decode(r);
@@ -261,17 +261,20 @@ void break_round(BarrierState& state) {
 [[noreturn]] void throw_broken(const char* why) {
   throw BrokenBarrierError(std::string("forkpool: Barrier broken: ") + why);
 }
-}  // namespace
 
-Barrier::Barrier(int parties, Action action) : action_(action) {
+std::shared_ptr<detail::SharedPage> new_barrier(int parties) {
   if (parties < 1) throw std::invalid_argument("forkpool: Barrier needs parties >= 1");
-  page_ = detail::SharedPage::create("forkpool-barrier");
-  BarrierState& state = *page_->as<BarrierState>();
+  auto page = detail::SharedPage::create("forkpool-barrier");
+  BarrierState& state = *page->as<BarrierState>();
   detail::init_robust_mutex(state.mutex, "forkpool: Barrier");
   state.parties = parties;
+  return page;
 }
+}  // namespace
 
-int Barrier::parties() const noexcept { return page_->as<BarrierState>()->parties; }
+Barrier::Barrier(int parties, Action action) : page_(new_barrier(parties)), action_(action) {}
+
+int Barrier::parties() const { return page_->as<BarrierState>()->parties; }
 
 // Counts this party in; the last one of the round starts the next.
 Barrier::Arrival Barrier::arrive() {
@@ -380,7 +383,7 @@ int Barrier::n_waiting() const {
 // The page, then the action as where it is in its object (detail::CodeAddress): a process maps
 // the same program and objects at other addresses (spawn), and finds the object already loaded.
 void codec<Barrier>::encode(Writer& w, const Barrier& barrier) {
-  w.write(w.attach_fd(barrier.page_->fd(), barrier.page_));
+  w.write(w.attach_fd(barrier.page_->fd(), barrier.page_.shared()));
   std::optional<detail::CodeAddress> action;
   if (barrier.action_) {
     action = detail::code_address_of(reinterpret_cast<std::uintptr_t>(barrier.action_));

@@ -13,6 +13,7 @@
 #include <forkpool/ipc/codec.hpp>
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/internal/deadline.hpp>
+#include <forkpool/runtime/internal/shared_handle.hpp>
 #include <forkpool/runtime/task.hpp>
 
 namespace forkpool {
@@ -35,13 +36,13 @@ class Event {
   // On the calling thread's loop; resumes inside the loop's turn that saw it set.
   Task<void> async_wait() const;
 
-  int fd() const noexcept;  // for codec<Event>
+  int fd() const;  // for codec<Event>
 
  private:
   friend struct codec<Event>;
   struct State;
   explicit Event(std::shared_ptr<State> state) : state_(std::move(state)) {}
-  std::shared_ptr<State> state_;
+  detail::SharedHandle<State, "Event"> state_;
 };
 
 // A mutex held by one process (or thread) at a time. When its holder dies, the lock passes to
@@ -61,7 +62,7 @@ class Lock {
   void unlock();
   // Whether some thread of some process holds it now (a holder that died does not), as
   // Python's Lock.locked(): a glance, stale as soon as it returns.
-  bool locked() const noexcept;
+  bool locked() const;
   // Whether the last lock()/try_lock() through this handle took the lock from a holder that died.
   // What that holder guarded may be half-updated.
   bool previous_owner_died() const noexcept { return previous_owner_died_; }
@@ -76,7 +77,7 @@ class Lock {
   bool took(int result);
   // async_lock(), and lock()/try_lock_for() while they keep the thread's loop going.
   Task<bool> lock_on_loop(detail::Deadline deadline);
-  std::shared_ptr<detail::SharedPage> page_;
+  detail::SharedHandle<detail::SharedPage, "Lock"> page_;
   bool previous_owner_died_ = false;
 };
 
@@ -139,7 +140,7 @@ class Condition {
   friend struct codec<Condition>;
   Condition(Lock lock, std::shared_ptr<detail::SharedPage> page) : lock_(std::move(lock)), page_(std::move(page)) {}
   Lock lock_;
-  std::shared_ptr<detail::SharedPage> page_;
+  detail::SharedHandle<detail::SharedPage, "Condition"> page_;
 };
 
 // A Barrier that can no longer be passed: abort()ed, reset() while parties waited, a wait that
@@ -171,7 +172,7 @@ class Barrier {
   // Back to empty and not broken; parties waiting now throw BrokenBarrierError.
   void reset();
   bool broken() const;
-  int parties() const noexcept;
+  int parties() const;
   int n_waiting() const;
 
  private:
@@ -185,7 +186,7 @@ class Barrier {
   Arrival arrive();
   std::optional<int> round_over(const Arrival& arrival, std::chrono::steady_clock::time_point deadline,
                                 bool look_for_ended);
-  std::shared_ptr<detail::SharedPage> page_;
+  detail::SharedHandle<detail::SharedPage, "Barrier"> page_;
   Action action_ = nullptr;  // in this process's addresses
 };
 

@@ -2,14 +2,12 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <fstream>
 #include <limits>
 #include <numeric>
 #include <set>
@@ -91,6 +89,17 @@ TEST(DataLoaderTest, ABatchSizeLargerThanTheDatasetMakesOneShortBatch) {
     EXPECT_EQ(dropping.size(), 0u) << batch_size;
     EXPECT_EQ(flatten(dropping), std::vector<int>{}) << batch_size;
   }
+}
+
+// (Each read a null state: the dataset's size through null, and an epoch that ran workers over
+// it, which died of SIGSEGV.)
+TEST(DataLoaderTest, AMovedFromLoaderIsALogicErrorNamingItAndTheKeptOneLoadsOn) {
+  DataLoader moved(Numbers{6}, {.batch_size = 4, .num_workers = 1});
+  DataLoader kept = std::move(moved);
+  test_support::expect_moved_from_error("DataLoader", [&] { moved.size(); });
+  test_support::expect_moved_from_error("DataLoader", [&] { moved.epoch(); });
+  test_support::expect_moved_from_error("DataLoader", [&] { flatten(moved); });
+  EXPECT_EQ(flatten(kept), (std::vector<int>{0, 10, 20, 30, 40, 50}));
 }
 
 TEST(DataLoaderTest, DropLastDropsTheShortBatch) {
@@ -232,14 +241,7 @@ TEST(DataLoaderTest, EachRankTakesEveryWorldSizethSampleOfTheOrderPaddedByItsSta
   // And much larger, in a child whose address space could not hold the padded order (2^26
   // indices, 512 MiB): only this rank's share is made.
   int status = test_support::run_in_child_within(60s, [&] {
-    rlimit limit{};
-    getrlimit(RLIMIT_AS, &limit);
-    std::ifstream status_file("/proc/self/status");
-    std::size_t vm_kib = 0;
-    for (std::string key; status_file >> key;)
-      if (key == "VmSize:") status_file >> vm_kib;
-    limit.rlim_cur = (vm_kib << 10) + (std::size_t{256} << 20);
-    if (setrlimit(RLIMIT_AS, &limit) != 0) _exit(3);
+    test_support::limit_address_space(std::size_t{256} << 20);
     if (share(3, (1 << 26) - 1, 1 << 26) != std::vector<int>{((1 << 26) - 1) % 3 * 10}) _exit(2);
   });
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;

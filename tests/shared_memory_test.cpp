@@ -7,7 +7,6 @@
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
-#include <sys/sysinfo.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,6 +21,7 @@
 #include <forkpool/ipc/private/memfd.hpp>
 #include <forkpool/shm/private/peer_memory.hpp>
 #include <forkpool/pool/pool.hpp>
+#include <forkpool/runtime/private/memory_limit.hpp>
 #include <forkpool/shm/private/slab_allocator.hpp>
 #include <forkpool/shm/shared_memory.hpp>
 #include <forkpool/shm/sharing.hpp>
@@ -151,12 +151,7 @@ TEST(SlabAllocator, CachedMemoryFallsToTheLimitAfterABurst) {
 
 TEST(SlabAllocator, AnAllocationBeyondTheAddressSpaceLimitIsAnException) {
   int status = test_support::run_in_child([] {
-    std::ifstream status_file("/proc/self/status");
-    std::size_t vm_kib = 0;
-    for (std::string key; status_file >> key;)
-      if (key == "VmSize:") status_file >> vm_kib;
-    rlimit limit{(vm_kib << 10) + (std::size_t{32} << 20), (vm_kib << 10) + (std::size_t{32} << 20)};
-    if (setrlimit(RLIMIT_AS, &limit) != 0) throw std::runtime_error("setrlimit");
+    test_support::limit_address_space(std::size_t{32} << 20);
     for (std::int64_t mib : {60, 2048}) {  // a slab of the largest class, and one larger
       try {
         Tensor::empty({mib << 18}, DType::f32);
@@ -174,11 +169,8 @@ TEST(SlabAllocator, AnAllocationBeyondTheAddressSpaceLimitIsAnException) {
 // check gone, tmpfs would take pages until the OOM killer ended a process, and then it is the
 // child (whose memfd goes with it) rather than the suite or anything else on the machine.
 std::int64_t more_than_the_machine_has() {
-  struct sysinfo machine {};
-  if (sysinfo(&machine) != 0) throw std::runtime_error("sysinfo");
-  return static_cast<std::int64_t>((machine.totalram + machine.totalswap) * machine.mem_unit) + (1 << 20);
+  return static_cast<std::int64_t>(test_support::machine_memory_bytes()) + (1 << 20);
 }
-void volunteer_to_the_oom_killer() { std::ofstream("/proc/self/oom_score_adj") << 1000; }
 std::string how_the_child_ended(SharingStrategy strategy, int status) {
   return (strategy == SharingStrategy::file_system ? "file_system: " : "file_descriptor: ") +
          (WIFEXITED(status) ? "exit " + std::to_string(WEXITSTATUS(status))
@@ -188,7 +180,7 @@ std::string how_the_child_ended(SharingStrategy strategy, int status) {
 TEST(SharedMemory, ATensorLargerThanTheMachinesMemoryIsRefusedBeforeAnyIsTaken) {
   for (SharingStrategy strategy : get_all_sharing_strategies()) {
     int status = test_support::run_in_child_within(60s, [&] {
-      volunteer_to_the_oom_killer();
+      test_support::volunteer_to_the_oom_killer();
       set_sharing_strategy(strategy);
       Tensor warm = Tensor::zeros({16}, DType::f32);  // a slab, the tracker: what a program has
       SharedMemoryStats before = shared_memory_stats();
@@ -212,20 +204,13 @@ TEST(SharedMemory, ATensorLargerThanTheMachinesMemoryIsRefusedBeforeAnyIsTaken) 
 class MemoryCgroup {
  public:
   explicit MemoryCgroup(std::uint64_t bytes) {
-    std::ifstream groups("/proc/self/cgroup");
-    for (std::string line; std::getline(groups, line);) {
-      std::size_t first = line.find(':'), second = line.find(':', first + 1);
-      std::string controllers = line.substr(first + 1, second - first - 1), path = line.substr(second + 1);
-      if (path == "/") path.clear();
-      std::string name = "/forkpool-test-" + std::to_string(getpid());
-      bool v1 = ("," + controllers + ",").find(",memory,") != std::string::npos;
-      if (!v1 && !controllers.empty()) continue;
-      std::string dir = (v1 ? "/sys/fs/cgroup/memory" : "/sys/fs/cgroup") + path + name;
+    for (const detail::MemoryCgroupDir& group : detail::memory_cgroups_of_this_process()) {
+      std::string dir = group.dir + "/forkpool-test-" + std::to_string(getpid());
       if (mkdir(dir.c_str(), 0755) != 0) continue;
       dir_ = dir;
       // Memory only, swap left unlimited, as `docker run --memory` on a machine without swap: the
       // limit is then the memory's (with swap, more could be had).
-      bool limited = write(dir + (v1 ? "/memory.limit_in_bytes" : "/memory.max"), bytes);
+      bool limited = write(dir + (group.v1 ? "/memory.limit_in_bytes" : "/memory.max"), bytes);
       if (limited) return;
       rmdir(dir_.c_str());
       dir_.clear();
@@ -251,12 +236,10 @@ class MemoryCgroup {
 TEST(SharedMemory, ATensorLargerThanItsCgroupAllowsIsRefusedBeforeAnyIsTaken) {
   MemoryCgroup group(std::uint64_t{256} << 20);
   if (!group.made()) GTEST_SKIP() << "no memory cgroup can be made here";
-  struct sysinfo machine {};
-  ASSERT_EQ(sysinfo(&machine), 0);
-  if (machine.totalswap != 0) GTEST_SKIP() << "with swap, the group could have more than its memory";
+  if (test_support::machine_has_swap()) GTEST_SKIP() << "with swap, the group could have more than its memory";
   for (SharingStrategy strategy : get_all_sharing_strategies()) {
     int status = test_support::run_in_child_within(60s, [&] {
-      volunteer_to_the_oom_killer();
+      test_support::volunteer_to_the_oom_killer();
       if (!group.enter()) _exit(6);
       set_sharing_strategy(strategy);
       try {

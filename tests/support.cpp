@@ -3,6 +3,8 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/sysinfo.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,6 +20,7 @@
 #include <functional>
 #include <sstream>
 #include <string>
+#include <system_error>
 #include <vector>
 
 namespace forkpool::test_support {
@@ -31,12 +34,39 @@ int open_fd_count() {
   return count - 1;  // the descriptor opendir itself used
 }
 
-long rss_kib() {
+namespace {
+// A field of /proc/self/status in KiB ("VmRSS:"), -1 when it is not there.
+long status_kib(const std::string& field) {
   std::ifstream status("/proc/self/status");
   std::string line;
   while (std::getline(status, line))
-    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
+    if (line.rfind(field, 0) == 0) return std::stol(line.substr(field.size()));
   return -1;
+}
+}  // namespace
+
+long rss_kib() { return status_kib("VmRSS:"); }
+
+void limit_address_space(std::size_t extra_bytes) {
+  long mapped_kib = status_kib("VmSize:");
+  if (mapped_kib < 0) throw std::runtime_error("forkpool test: no VmSize in /proc/self/status");
+  rlim_t bytes = (static_cast<rlim_t>(mapped_kib) << 10) + extra_bytes;
+  rlimit limit{bytes, bytes};
+  if (setrlimit(RLIMIT_AS, &limit) != 0) throw std::system_error(errno, std::generic_category(), "setrlimit");
+}
+
+std::uint64_t machine_memory_bytes() {
+  struct sysinfo machine {};
+  if (sysinfo(&machine) != 0) throw std::system_error(errno, std::generic_category(), "sysinfo");
+  return (std::uint64_t{machine.totalram} + machine.totalswap) * machine.mem_unit;
+}
+
+void volunteer_to_the_oom_killer() { std::ofstream("/proc/self/oom_score_adj") << 1000; }
+
+bool machine_has_swap() {
+  struct sysinfo machine {};
+  if (sysinfo(&machine) != 0) throw std::system_error(errno, std::generic_category(), "sysinfo");
+  return machine.totalswap != 0;
 }
 
 char process_state(pid_t pid) {

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <stdexcept>
 #include <new>
@@ -40,6 +41,18 @@ int open_fd_count();
 
 // Resident set size of this process in KiB (VmRSS in /proc/self/status).
 long rss_kib();
+
+// Limits this process's address space (RLIMIT_AS) to what it maps now and `extra_bytes` more,
+// for a child that must not be able to make something large. Throws std::system_error.
+void limit_address_space(std::size_t extra_bytes);
+
+// RAM and swap together, as sysinfo() counts them; whether there is any swap.
+std::uint64_t machine_memory_bytes();
+bool machine_has_swap();
+// Makes this process the OOM killer's first choice (oom_score_adj 1000): a child testing that
+// something too large is refused, whose regression would take memory until the killer came,
+// then takes only itself down.
+void volunteer_to_the_oom_killer();
 
 // CPU time (user + system, in the kernel's ticks) process `pid` has used so far.
 std::chrono::milliseconds cpu_time_of(pid_t pid);
@@ -98,6 +111,19 @@ auto get_within(Q& queue, std::chrono::nanoseconds limit = std::chrono::seconds(
   auto item = queue.get(limit);
   if (!item) throw std::runtime_error("forkpool test: nothing arrived on the queue in time");
   return std::move(*item);
+}
+
+// Expects `use` (a call on a handle that a move emptied) to throw std::logic_error naming
+// `type` ("a Lock used after it was moved from"), the handles' documented error.
+template <class F>
+void expect_moved_from_error(const std::string& type, F use) {
+  try {
+    use();
+    ADD_FAILURE() << "a moved-from " << type << " was used and nothing was thrown";
+  } catch (const std::logic_error& error) {
+    EXPECT_NE(std::string(error.what()).find(type + " used after it was moved from"), std::string::npos)
+        << error.what();
+  }
 }
 
 // Runs `body` in a forked child and returns its exit status as waitpid() reports it. The child

@@ -5,7 +5,6 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/stat.h>
-#include <sys/sysinfo.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -458,9 +457,7 @@ TEST(SharedValueTest, AnArrayWhoseBytesOverflowOrExceedWhatTheProcessMayHaveIsRe
   // 2^62 + 1 ints are 2^64 + 4 bytes: wrapped, a one-element Array was made.
   std::size_t wraps = std::numeric_limits<std::size_t>::max() / sizeof(int) + 2;
   EXPECT_THROW(Array<int>(wraps).size(), std::invalid_argument);
-  struct sysinfo machine {};
-  ASSERT_EQ(sysinfo(&machine), 0);
-  std::size_t too_many = (machine.totalram + machine.totalswap) * machine.mem_unit / sizeof(double) + 1;
+  std::size_t too_many = test_support::machine_memory_bytes() / sizeof(double) + 1;
   try {
     Array<double> huge(too_many);  // (sparse before: it was made, for writes to fill until the OOM killer came)
     ADD_FAILURE() << "an Array of " << huge.size() << " doubles was made";
@@ -583,11 +580,9 @@ TEST(NamedSharedMemoryTest, ABlockIsReservedWhenMadeAndOneLargerThanTheMachineIs
   EXPECT_GE(static_cast<std::size_t>(st.st_blocks) * 512, std::size_t{8} << 20) << "the block is sparse";
   block.unlink();
 
-  struct sysinfo machine {};
-  ASSERT_EQ(sysinfo(&machine), 0);
-  std::size_t too_many = (machine.totalram + machine.totalswap) * machine.mem_unit + (1 << 20);
+  std::size_t too_many = test_support::machine_memory_bytes() + (1 << 20);
   int status = test_support::run_in_child_within(60s, [&] {
-    std::ofstream("/proc/self/oom_score_adj") << 1000;  // as the tensor test: the check gone, the child goes
+    test_support::volunteer_to_the_oom_killer();  // as the tensor test: the check gone, the child goes
     std::string name = "forkpool-test-huge-" + std::to_string(getpid());
     try {
       SharedMemory::create(name, too_many);
@@ -1894,6 +1889,74 @@ TEST_P(SyncTest, CPythonSharedMemoryTestCleanedAfterProcessTermination) {
   // CPython tries to attach; here that would make this process a user that keeps the block.
   EXPECT_TRUE(test_support::eventually([&] { return access(("/dev/shm/" + *name).c_str(), F_OK) != 0; }, 20s))
       << "A SharedMemory segment was leaked after a process was abruptly terminated";
+}
+
+void put_seven(Queue<int> queue) { queue.put(7); }
+
+// After `auto kept = std::move(handle)`, every use of `handle` read a null state and crashed
+// (ASan: SEGV in each). Now each is std::logic_error naming the type, as a moved-from
+// std::future throws future_error(no_state); what was kept works on.
+TEST(MovedFromHandleTest, EveryUseOfAMovedFromSyncHandleIsALogicErrorNamingItsType) {
+  using test_support::expect_moved_from_error;
+  Event event;
+  Event kept_event = std::move(event);
+  expect_moved_from_error("Event", [&] { event.set(); });
+  expect_moved_from_error("Event", [&] { event.wait(0s); });
+  kept_event.set();
+  EXPECT_TRUE(kept_event.is_set());
+
+  Lock lock;
+  Lock kept_lock = std::move(lock);
+  expect_moved_from_error("Lock", [&] { lock.lock(); });
+  expect_moved_from_error("Lock", [&] { lock.locked(); });
+  expect_moved_from_error("Lock", [&] { run(lock.async_lock()); });
+  RLock rlock;
+  RLock kept_rlock = std::move(rlock);
+  expect_moved_from_error("Lock", [&] { rlock.try_lock(); });
+  Condition condition;
+  Condition kept_condition = std::move(condition);
+  expect_moved_from_error("Condition", [&] { condition.notify_all(); });
+  Barrier barrier(1);
+  Barrier kept_barrier = std::move(barrier);
+  expect_moved_from_error("Barrier", [&] { barrier.wait(); });
+  expect_moved_from_error("Barrier", [&] { barrier.parties(); });
+  EXPECT_EQ(kept_barrier.wait(10s), 0);
+  Semaphore semaphore;
+  Semaphore kept_semaphore = std::move(semaphore);
+  expect_moved_from_error("Semaphore", [&] { semaphore.acquire(); });
+  EXPECT_TRUE(kept_semaphore.try_acquire());
+
+  Value<int> value(5);
+  Value<int> kept_value = std::move(value);
+  expect_moved_from_error("Value", [&] { value.load(); });
+  EXPECT_EQ(kept_value.load(), 5);
+  Array<int> array{1, 2};
+  Array<int> kept_array = std::move(array);
+  expect_moved_from_error("Array", [&] { array.size(); });
+  expect_moved_from_error("Array", [&] { array.raw(); });
+  EXPECT_EQ(kept_array.to_vector(), (std::vector<int>{1, 2}));
+  SharedMemory memory = SharedMemory::create("", 10);
+  SharedMemory kept_memory = std::move(memory);
+  expect_moved_from_error("SharedMemory", [&] { memory.bytes(); });
+  expect_moved_from_error("SharedMemory", [&] { memory.unlink(); });
+  EXPECT_EQ(kept_memory.bytes().size(), 10u);
+
+  auto ends = Pipe<int>();
+  Connection<int> sender = std::move(ends.second);
+  expect_moved_from_error("Connection", [&] { ends.second.send(1); });
+  expect_moved_from_error("Connection", [&] { ends.second.fd(); });
+  sender.send(3);
+  EXPECT_EQ(ends.first.recv(), 3);
+
+  Queue<int> queue;
+  Queue<int> kept_queue = std::move(queue);
+  expect_moved_from_error("Queue", [&] { queue.put(1); });
+  expect_moved_from_error("Queue", [&] { queue.get(0s); });
+  // Sent to a worker, it is refused where it is encoded; the pool serves on.
+  Pool pool({.processes = 1});
+  expect_moved_from_error("Queue", [&] { pool.apply_async(put_seven, queue).get(10s); });
+  pool.apply_async(put_seven, kept_queue).get(10s);
+  EXPECT_EQ(test_support::get_within(kept_queue), 7);
 }
 
 INSTANTIATE_TEST_SUITE_P(StartMethods, SyncTest, test_support::all_start_methods(), test_support::start_method_name);

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace forkpool::detail {
 
@@ -14,6 +15,15 @@ struct MemoryLimit {
   std::uint64_t bytes;
   std::string source;  // what sets it, for messages: "RAM and swap", or the cgroup file
 };
+
+// One of this process's memory cgroups, from /proc/self/cgroup: v2's unified group
+// ("/sys/fs/cgroup/a/b") or v1's memory controller's ("/sys/fs/cgroup/memory/a/b").
+struct MemoryCgroupDir {
+  std::string dir;
+  std::string path;  // the group's path in its hierarchy: "/a/b", "" for the root
+  bool v1;
+};
+std::vector<MemoryCgroupDir> memory_cgroups_of_this_process();
 
 // Found once per process (again in a forked child, which may be moved to another cgroup before it
 // allocates). Any thread.
