@@ -2,6 +2,7 @@
 
 #include <linux/futex.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -10,8 +11,15 @@
 #include <system_error>
 
 #include <forkpool/ipc/private/memfd.hpp>
+#include <forkpool/runtime/private/errno.hpp>
 
 namespace forkpool::detail {
+
+SharedPage::SharedPage(UniqueFd fd, Mapping mapping) : fd_(std::move(fd)), mapping_(std::move(mapping)) {
+  struct stat st {};
+  if (fstat(fd_.get(), &st) != 0) throw_last_errno("forkpool: fstat of a shared page");
+  inode_ = st.st_ino;
+}
 
 std::shared_ptr<SharedPage> SharedPage::create(const char* name) {
   UniqueFd fd = create_memfd(name, kSize);

@@ -163,6 +163,8 @@ Task<bool> Lock::lock_on_loop(detail::Deadline deadline) {
 
 Task<void> Lock::async_lock() { co_await lock_on_loop(std::nullopt); }
 
+bool Lock::is(const Lock& other) const { return page_->same_as(*other.page_); }
+
 void Lock::unlock() {
   if (int rc = pthread_mutex_unlock(&page_->as<LockState>()->mutex); rc != 0)
     throw std::system_error(rc, std::generic_category(), "forkpool: Lock::unlock (not held by this thread)");
@@ -186,8 +188,16 @@ Condition::Condition(Lock lock) : lock_(std::move(lock)), page_(detail::SharedPa
 
 void Condition::wait(std::unique_lock<Lock>& held) { wait_for(held, detail::kForever); }
 
+// A wait must hold the condition's own lock: under another, a notify between the caller's look
+// at its predicate and the wait would be missed, and the wait could last for ever.
+void Condition::check_held(const std::unique_lock<Lock>& held, const char* who) const {
+  if (!held.owns_lock()) throw std::logic_error(std::string("forkpool: ") + who + " without its lock held");
+  if (!held.mutex()->is(lock_))
+    throw std::logic_error(std::string("forkpool: ") + who + " holding another lock than the condition's (get_lock())");
+}
+
 bool Condition::wait_for(std::unique_lock<Lock>& held, std::chrono::nanoseconds timeout) {
-  if (!held.owns_lock()) throw std::logic_error("forkpool: Condition::wait without its lock held");
+  check_held(held, "Condition::wait");
   auto& sequence = page_->as<ConditionState>()->sequence;
   std::uint32_t seen = sequence.load();
   auto deadline = detail::deadline_after(timeout);
@@ -203,7 +213,7 @@ bool Condition::wait_for(std::unique_lock<Lock>& held, std::chrono::nanoseconds 
 }
 
 Task<void> Condition::async_wait(std::unique_lock<Lock>& held) {
-  if (!held.owns_lock()) throw std::logic_error("forkpool: Condition::async_wait without its lock held");
+  check_held(held, "Condition::async_wait");
   std::shared_ptr<detail::SharedPage> page = page_.shared();
   auto& sequence = page->as<ConditionState>()->sequence;
   std::uint32_t seen = sequence.load();

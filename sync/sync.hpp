@@ -75,6 +75,8 @@ class Lock {
   explicit Lock(Recursive);
   explicit Lock(std::shared_ptr<detail::SharedPage> page) : page_(std::move(page)) {}
   bool took(int result);
+  // Whether `other` is this lock: a copy of it, or the same lock received on its own.
+  bool is(const Lock& other) const;
   // async_lock(), and lock()/try_lock_for() while they keep the thread's loop going.
   Task<bool> lock_on_loop(detail::Deadline deadline);
   detail::SharedHandle<detail::SharedPage, "Lock"> page_;
@@ -99,7 +101,8 @@ class RLock {
 };
 
 // multiprocessing's Condition over a Lock: wait() lets the lock go, sleeps until notify(), and
-// takes the lock back. notify() is called with the lock held. As std::condition_variable, a
+// takes the lock back; `held` holds get_lock() (a copy of it, or the same lock received on its
+// own), or the wait is std::logic_error. notify() is called with the lock held. As std::condition_variable, a
 // wait may end without a notify (and notify(n) may wake more than n): wait in a loop on what
 // you wait for, or use the predicate forms. The Lock is robust: a holder that died releases it.
 // Any thread.
@@ -139,6 +142,7 @@ class Condition {
  private:
   friend struct codec<Condition>;
   Condition(Lock lock, std::shared_ptr<detail::SharedPage> page) : lock_(std::move(lock)), page_(std::move(page)) {}
+  void check_held(const std::unique_lock<Lock>& held, const char* who) const;
   Lock lock_;
   detail::SharedHandle<detail::SharedPage, "Condition"> page_;
 };

@@ -212,6 +212,47 @@ TEST(ConditionTest, WaitForWithoutANotifyTimesOutHoldingTheLock) {
   EXPECT_FALSE(condition.wait_for(held, 30ms, [] { return false; }));
 }
 
+// The condition's lock received as an argument of its own (another mapping of the same page):
+// it is the condition's lock, and the wait takes it.
+void wait_holding_the_lock_received_apart(Condition condition, Lock lock, Queue<int> report) {
+  std::unique_lock held(lock);
+  report.put(condition.wait_for(held, 0ns) ? 1 : 0);
+}
+
+TEST(ConditionTest, AWaitHoldingAnotherLockIsALogicErrorAndItsOwnLockMayComeApart) {
+  Condition condition;
+  Lock other;
+  std::unique_lock wrong(other);
+  // (Before, it waited under the other lock: a notify between the look at the predicate and the
+  // wait was missed, and a wait without a timeout could last for ever.)
+  try {
+    condition.wait_for(wrong, 10ms);
+    ADD_FAILURE() << "waited holding another lock";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("another lock than the condition's"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(wrong.owns_lock());
+  int status = test_support::run_in_child_within(10s, [&] {  // unchecked, it waits for ever
+    try {
+      run(condition.async_wait(wrong));
+      _exit(2);
+    } catch (const std::logic_error&) {}
+  });
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  wrong.unlock();
+  // A copy of its lock is its lock, in this process and received apart in another.
+  Lock copy = condition.get_lock();
+  {
+    std::unique_lock held(copy);
+    EXPECT_FALSE(condition.wait_for(held, 1ms));
+  }
+  Queue<int> report;
+  Process p = start_process(wait_holding_the_lock_received_apart, condition, condition.get_lock(), report);
+  EXPECT_EQ(test_support::get_within(report, 10s), 0);
+  EXPECT_TRUE(p.join(10s));
+  EXPECT_EQ(p.exitcode(), 0);
+}
+
 void arrive(Barrier barrier, Queue<int> report) {
   try {
     report.put(barrier.wait(20s));

@@ -4,6 +4,7 @@
 // mutexes that live in such a page.
 
 #include <pthread.h>
+#include <sys/types.h>
 
 #include <cstddef>
 #include <atomic>
@@ -35,6 +36,9 @@ class SharedPage {
   void mutex_released() noexcept { mutexes_held_.fetch_sub(1); }
 
   int fd() const noexcept { return fd_.get(); }
+  // Whether `other` is the same page, also when each was received on its own (two mappings of
+  // one memfd): their inodes are equal.
+  bool same_as(const SharedPage& other) const noexcept { return inode_ == other.inode_; }
   template <class T>
   T* as() noexcept {
     static_assert(sizeof(T) <= kSize);
@@ -42,9 +46,10 @@ class SharedPage {
   }
 
  private:
-  SharedPage(UniqueFd fd, Mapping mapping) : fd_(std::move(fd)), mapping_(std::move(mapping)) {}
+  SharedPage(UniqueFd fd, Mapping mapping);
   UniqueFd fd_;
   Mapping mapping_;
+  ino_t inode_;
   std::atomic<int> mutexes_held_{0};
 };
 
