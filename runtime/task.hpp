@@ -6,9 +6,12 @@
 #include <coroutine>
 #include <exception>
 #include <optional>
+#include <stdexcept>
 #include <type_traits>
 #include <utility>
 #include <variant>
+
+#include <forkpool/runtime/internal/shared_handle.hpp>
 
 namespace forkpool {
 
@@ -58,6 +61,14 @@ class PromiseBase {
 
   void unhandled_exception() noexcept { exception_ = std::current_exception(); }
 
+  // True the first time: a coroutine runs once (Task::claim). In stage_, not a member of its
+  // own: the promise's layout is the ABI's (docs/abi.md).
+  bool claim() noexcept {
+    if (stage_ != Stage::idle) return false;
+    stage_ = Stage::claimed;
+    return true;
+  }
+
   // Runs the coroutine for `awaiter`; true if the awaiter must suspend (the coroutine has not
   // finished yet and will resume it when it does). Not relying on symmetric transfer being a
   // tail call keeps a million synchronous completions from growing the stack even at -O0.
@@ -76,7 +87,8 @@ class PromiseBase {
   }
 
  private:
-  enum class Stage : unsigned char { idle, running_inline, finished_inline, awaited };
+  // claimed: given to a driver (run) or an awaiter, which then starts it.
+  enum class Stage : unsigned char { idle, running_inline, finished_inline, awaited, claimed };
   std::coroutine_handle<> continuation_;
   std::exception_ptr exception_;
   Stage stage_ = Stage::idle;
@@ -143,16 +155,26 @@ class [[nodiscard]] Task {
     if (handle_) handle_.destroy();
   }
 
-  auto operator co_await() && noexcept { return Awaiter{handle_}; }
-  auto operator co_await() & noexcept { return Awaiter{handle_}; }
+  // Throws std::logic_error for a Task that a move emptied (or made empty), and for one awaited
+  // or run before: a Task runs once (a second co_await used to return a moved-from value, or
+  // resume a coroutine in the middle of its run).
+  auto operator co_await() && { return Awaiter{claim()}; }
+  auto operator co_await() & { return Awaiter{claim()}; }
 
   // For drivers (run, when_all): the coroutine, still owned by this Task.
   Handle handle() const noexcept { return handle_; }
+  // For drivers that start it: handle(), checked as co_await checks it.
+  Handle claim() const {
+    if (!handle_) detail::throw_moved_from("Task");
+    if (!handle_.promise().claim())
+      throw std::logic_error("forkpool: a Task awaited or run a second time: a Task runs once");
+    return handle_;
+  }
 
  private:
   struct Awaiter {
     Handle handle;
-    bool await_ready() noexcept { return !handle || handle.done(); }
+    bool await_ready() noexcept { return false; }  // claimed: it has not run
     template <class AwaiterPromise>
     bool await_suspend(std::coroutine_handle<AwaiterPromise> awaiter) {
       if constexpr (requires { awaiter.promise().company; }) handle.promise().company = awaiter.promise().company;

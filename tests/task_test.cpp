@@ -14,6 +14,8 @@
 #include <forkpool/runtime/task.hpp>
 #include <forkpool/runtime/when_all.hpp>
 
+#include "support.hpp"
+
 namespace forkpool {
 namespace {
 
@@ -51,6 +53,41 @@ TEST(Task, ExceptionsPropagateThroughCoAwait) {
   };
   EXPECT_EQ(run(outer()), "caught boom");
   EXPECT_THROW(run(throws_runtime_error()), std::runtime_error);
+}
+
+// A Task runs once. Before, a second co_await gave its value again, moved from (an empty vector,
+// silently); one awaited while it ran was resumed in the middle of its run; and a Task a move
+// emptied was read through null.
+Task<std::vector<int>> three_numbers() { co_return std::vector<int>{1, 2, 3}; }
+Task<void> sleep_a_little() { co_await sleep_for(std::chrono::milliseconds(20)); }
+
+TEST(Task, ATaskAwaitedOrRunTwiceOrAfterAMoveIsALogicError) {
+  auto expect_runs_once = [](auto attempt) {
+    try {
+      attempt();
+      ADD_FAILURE() << "a Task ran a second time";
+    } catch (const std::logic_error& e) {
+      EXPECT_NE(std::string(e.what()).find("a Task runs once"), std::string::npos) << e.what();
+    }
+  };
+  Task<std::vector<int>> numbers = three_numbers();
+  EXPECT_EQ(run([&]() -> Task<std::vector<int>> { co_return co_await numbers; }()), (std::vector<int>{1, 2, 3}));
+  expect_runs_once([&] { run([&]() -> Task<std::vector<int>> { co_return co_await numbers; }()); });
+
+  Task<std::vector<int>> ran = three_numbers();
+  EXPECT_EQ(run(std::move(ran)).size(), 3u);  // run() takes it: `ran` is empty now
+  test_support::expect_moved_from_error("Task", [&] { run(std::move(ran)); });
+
+  Task<void> sleeping = sleep_a_little();
+  auto twice = [&]() -> Task<void> {
+    co_await when_all([&]() -> Task<void> { co_await sleeping; }(), [&]() -> Task<void> { co_await sleeping; }());
+  };
+  expect_runs_once([&] { run(twice()); });
+
+  Task<int> moved = constant(7);
+  Task<int> kept = std::move(moved);
+  test_support::expect_moved_from_error("Task", [&] { run([&]() -> Task<int> { co_return co_await moved; }()); });
+  EXPECT_EQ(run(std::move(kept)), 7);
 }
 
 TEST(Task, AMillionSynchronousAwaitsDoNotGrowTheStack) {
