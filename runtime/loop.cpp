@@ -155,7 +155,9 @@ detail::LoopInternals::DriveGuard::DriveGuard(Loop& loop, const char* who) : loo
                            "that made it (Loop::current()); hand work to it with Loop::post");
   if (loop.driving_) {
     std::string message = who;
-    message += " called from inside a coroutine running on the same loop: it would deadlock; co_await instead";
+    message +=
+        " called from inside a coroutine running on the same loop (or a callback the loop runs): it would "
+        "deadlock; co_await instead";
     throw std::logic_error(message);
   }
   loop.driving_ = true;

@@ -504,6 +504,25 @@ TEST(AsyncResultTest, AMovedFromResultIsALogicErrorAndNeverACrash) {
   expect_moved_from_error("AsyncResult", [&] { run([&]() -> Task<int> { co_return co_await std::move(moved); }()); });
 }
 
+// A blocking get in a done-callback (which the loop runs inside its turn) would deadlock: it is
+// refused, and the message names callbacks (it spoke of coroutines only).
+TEST(AsyncResultTest, ABlockingGetInsideADoneCallbackIsALogicErrorNamingCallbacks) {
+  Pool pool({.processes = 1});
+  AsyncResult<int> first = pool.apply_async(square, 2);
+  AsyncResult<int> second = pool.apply_async(square, 3);
+  std::string error;
+  first.add_done_callback([&](AsyncResult<int>&) {
+    try {
+      second.get(10s);
+    } catch (const std::logic_error& e) {
+      error = e.what();
+    }
+  });
+  EXPECT_EQ(first.get(10s), 4);
+  EXPECT_NE(error.find("or a callback the loop runs"), std::string::npos) << error;
+  EXPECT_EQ(second.get(10s), 9);
+}
+
 // As AsyncResult's: a Stream's state was read through null (SEGV in StreamNext::await_ready).
 TEST(StreamTest, AMovedFromStreamIsALogicErrorNamingItAndTheKeptOneServesOn) {
   Pool pool({.processes = 1});
