@@ -167,6 +167,18 @@ bool lost_its_worker(const std::exception_ptr& error) {
   }
 }
 
+std::exception_ptr naming_batch(std::exception_ptr error, const std::string& batch) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const WorkerLost& lost) {
+    return std::make_exception_ptr(WorkerLost(lost.pid(), lost.exit_code(), lost.signal(), batch));
+  } catch (const TimeoutError& timeout) {
+    return std::make_exception_ptr(TimeoutError(std::string(timeout.what()) + " (it ran " + batch + ")"));
+  } catch (...) {
+    return error;
+  }
+}
+
 std::exception_ptr as_remote_error() {
   try {
     throw;

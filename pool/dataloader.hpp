@@ -146,6 +146,9 @@ Tensor stack(const std::vector<Tensor>& samples);
 [[noreturn]] void throw_shard_out_of_step(std::uint64_t asked, std::uint64_t at);
 // Whether `error` says the worker is gone (WorkerLost, or TimeoutError: it was stopped).
 bool lost_its_worker(const std::exception_ptr& error);
+// `error`, a WorkerLost or TimeoutError, naming `batch` ("batch 3 of the epoch"), which the
+// pool's message calls "the task"; any other error as it is.
+std::exception_ptr naming_batch(std::exception_ptr error, const std::string& batch);
 // Inside a catch block, in the calling process (num_workers 0): the error a worker's would have
 // become, RemoteError, for a sample's error; the error itself otherwise.
 std::exception_ptr as_remote_error();
@@ -188,8 +191,9 @@ class DataLoader {
 
   // The next epoch, in coroutines: co_await next() gives batches, empty at the end. A sample
   // whose get() threw fails its batch with RemoteError (the thrown type; "sample N: " and its
-  // message); the epoch goes on after it. Work starts at the call. Without persistent_workers,
-  // a new epoch ends the workers of the one before.
+  // message); the epoch goes on after it. A batch whose worker died (or was stopped by the
+  // timeout) fails with WorkerLost (TimeoutError) naming it: "batch N of the epoch". Work starts at the call. Without
+  // persistent_workers, a new epoch ends the workers of the one before.
   //
   // An iterable dataset: worker w's batches are the batch_size-sized runs of its shard (the
   // last one short unless drop_last), handed out in turn (worker 0's first, worker 1's first,
@@ -216,7 +220,11 @@ class DataLoader {
       state->start();
       return Stream<Batch>(std::move(state));
     } else {
-      return pool_->make_stream(&load, std::move(batches), 1, options_.in_order, window, /*bound_unconsumed=*/true);
+      pool_->core_->check_owner("DataLoader::epoch");
+      auto state = std::make_shared<IndexedEpoch>(pool_->core_, &load, std::views::all(std::move(batches)), 1,
+                                                  options_.in_order, window, /*bound_unconsumed=*/true);
+      state->start();
+      return Stream<Batch>(std::move(state));
     }
   }
 
@@ -346,6 +354,18 @@ class DataLoader {
             .task_timeout = options_.timeout,
             .seed = seed_};
   }
+
+  // A map-style epoch on the workers: batch i is the stream's chunk i. A batch whose worker was
+  // lost (or stopped by the timeout) says which batch it was, where the pool says "the task".
+  using Batches = std::views::all_t<std::vector<detail::IndexBatch>>;
+  class IndexedEpoch final : public detail::RangeStream<decltype(&load), detail::IndexBatch, false, Batches> {
+   public:
+    using detail::RangeStream<decltype(&load), detail::IndexBatch, false, Batches>::RangeStream;
+    void chunk_failed(std::size_t chunk, std::exception_ptr error) override {
+      detail::StreamState<Batch>::chunk_failed(
+          chunk, detail::naming_batch(std::move(error), "batch " + std::to_string(chunk) + " of the epoch"));
+    }
+  };
 
   // num_workers 0: each batch made when the consumer asks for it, errors as a worker's. An
   // iterable dataset is read whole (worker_info() is empty here, as in torch).

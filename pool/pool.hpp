@@ -116,7 +116,7 @@ void connect_cancel(ResultState<R>& state, const std::shared_ptr<PoolCore>& core
 }
 
 template <class F, class Element, bool Spread, class View>
-class RangeStream final : public CoreStream<NonVoid<CallResult<F, Element, Spread>>> {
+class RangeStream : public CoreStream<NonVoid<CallResult<F, Element, Spread>>> {
   using Base = CoreStream<NonVoid<CallResult<F, Element, Spread>>>;
 
  public:

@@ -36,8 +36,10 @@ InitializerError::InitializerError(std::string type_name, std::string message, p
                          std::to_string(worker_pid) + ")",
                      type_name, message, worker_pid) {}
 
-WorkerLost::WorkerLost(pid_t pid, int exit_code, int signal)
-    : Error("forkpool: worker " + std::to_string(pid) + " died while running the task (" +
+WorkerLost::WorkerLost(pid_t pid, int exit_code, int signal) : WorkerLost(pid, exit_code, signal, "the task") {}
+
+WorkerLost::WorkerLost(pid_t pid, int exit_code, int signal, const std::string& running)
+    : Error("forkpool: worker " + std::to_string(pid) + " died while running " + running + " (" +
             describe_end(exit_code, signal) + ")"),
       pid_(pid),
       exit_code_(exit_code),

@@ -50,6 +50,8 @@ class InitializerError : public detail::RaisedInWorker {
 class WorkerLost : public Error {
  public:
   WorkerLost(pid_t pid, int exit_code, int signal);
+  // What the worker ran, named in the message instead of "the task" ("batch 3 of the epoch").
+  WorkerLost(pid_t pid, int exit_code, int signal, const std::string& running);
   pid_t pid() const noexcept { return pid_; }
   int exit_code() const noexcept { return exit_code_; }
   int signal() const noexcept { return signal_; }
