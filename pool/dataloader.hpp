@@ -221,8 +221,8 @@ class DataLoader {
       return Stream<Batch>(std::move(state));
     } else {
       pool_->core_->check_owner("DataLoader::epoch");
-      auto state = std::make_shared<IndexedEpoch>(pool_->core_, &load, std::views::all(std::move(batches)), 1,
-                                                  options_.in_order, window, /*bound_unconsumed=*/true);
+      auto state = std::make_shared<IndexedEpoch>(pool_->core_, &load, std::move(batches), 1, options_.in_order, window,
+                                                  /*bound_unconsumed=*/true);
       state->start();
       return Stream<Batch>(std::move(state));
     }
@@ -357,7 +357,7 @@ class DataLoader {
 
   // A map-style epoch on the workers: batch i is the stream's chunk i. A batch whose worker was
   // lost (or stopped by the timeout) says which batch it was, where the pool says "the task".
-  using Batches = std::views::all_t<std::vector<detail::IndexBatch>>;
+  using Batches = std::vector<detail::IndexBatch>;  // owned by the stream (not owning_view: clang 14 rejects it here)
   class IndexedEpoch final : public detail::RangeStream<decltype(&load), detail::IndexBatch, false, Batches> {
    public:
     using detail::RangeStream<decltype(&load), detail::IndexBatch, false, Batches>::RangeStream;

@@ -82,7 +82,7 @@ void run_until_done(std::coroutine_handle<> task);
 //   int main() { return forkpool::run(amain()); }
 template <class T>
 T run(Task<T> task) {
-  detail::run_until_done(task.claim());
+  detail::run_until_done(task.handle_to_start());
   return task.handle().promise().take();
 }
 

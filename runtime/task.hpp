@@ -61,11 +61,11 @@ class PromiseBase {
 
   void unhandled_exception() noexcept { exception_ = std::current_exception(); }
 
-  // True the first time: a coroutine runs once (Task::claim). In stage_, not a member of its
-  // own: the promise's layout is the ABI's (docs/abi.md).
-  bool claim() noexcept {
+  // True the first time: a coroutine runs once (Task::handle_to_start). In stage_, not a member
+  // of its own: the promise's layout is the ABI's (docs/abi.md).
+  bool start_once() noexcept {
     if (stage_ != Stage::idle) return false;
-    stage_ = Stage::claimed;
+    stage_ = Stage::handed_out;
     return true;
   }
 
@@ -87,8 +87,8 @@ class PromiseBase {
   }
 
  private:
-  // claimed: given to a driver (run) or an awaiter, which then starts it.
-  enum class Stage : unsigned char { idle, running_inline, finished_inline, awaited, claimed };
+  // handed_out: given to a driver (run) or an awaiter, which then starts it.
+  enum class Stage : unsigned char { idle, running_inline, finished_inline, awaited, handed_out };
   std::coroutine_handle<> continuation_;
   std::exception_ptr exception_;
   Stage stage_ = Stage::idle;
@@ -158,15 +158,15 @@ class [[nodiscard]] Task {
   // Throws std::logic_error for a Task that a move emptied (or made empty), and for one awaited
   // or run before: a Task runs once (a second co_await used to return a moved-from value, or
   // resume a coroutine in the middle of its run).
-  auto operator co_await() && { return Awaiter{claim()}; }
-  auto operator co_await() & { return Awaiter{claim()}; }
+  auto operator co_await() && { return Awaiter{handle_to_start()}; }
+  auto operator co_await() & { return Awaiter{handle_to_start()}; }
 
   // For drivers (run, when_all): the coroutine, still owned by this Task.
   Handle handle() const noexcept { return handle_; }
   // For drivers that start it: handle(), checked as co_await checks it.
-  Handle claim() const {
+  Handle handle_to_start() const {
     if (!handle_) detail::throw_moved_from("Task");
-    if (!handle_.promise().claim())
+    if (!handle_.promise().start_once())
       throw std::logic_error("forkpool: a Task awaited or run a second time: a Task runs once");
     return handle_;
   }
@@ -174,7 +174,7 @@ class [[nodiscard]] Task {
  private:
   struct Awaiter {
     Handle handle;
-    bool await_ready() noexcept { return false; }  // claimed: it has not run
+    bool await_ready() noexcept { return false; }  // handed out once: it has not run
     template <class AwaiterPromise>
     bool await_suspend(std::coroutine_handle<AwaiterPromise> awaiter) {
       if constexpr (requires { awaiter.promise().company; }) handle.promise().company = awaiter.promise().company;
