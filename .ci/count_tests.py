@@ -1,7 +1,8 @@
 """Counts test cases from meson's logs: each GoogleTest case is one test (from the JUnit log);
 a meson test that failed without reporting a failing case (a crash, a timeout) counts once more.
 A directory holding `job-result` (a job that is not a meson suite: .ci/task deb) counts as one
-test that passed or failed."""
+test that passed or failed. A directory holding `task-failed` (its .ci/task failed: a build that
+broke, which no test log reports) counts one failed test more."""
 import json
 import os
 import sys
@@ -9,6 +10,8 @@ import xml.etree.ElementTree as ET
 
 passed = failed = skipped = 0
 for build in sys.argv[1:]:
+    if os.path.exists(os.path.join(build, "task-failed")):
+        failed += 1
     job_result = os.path.join(build, "job-result")
     if os.path.exists(job_result):
         with open(job_result) as f:
