@@ -34,6 +34,12 @@ UniqueFd Reader::take_fd(std::uint32_t index) {
   return std::move(fds_[index]);
 }
 
+UniqueFd Reader::read_fd() { return take_fd(read<std::uint32_t>()); }
+
+void Writer::write_fd(int fd) { write(attach_fd(fd)); }
+
+void Writer::write_fd(int fd, std::shared_ptr<const void> owner) { write(attach_fd(fd, std::move(owner))); }
+
 void Reader::fail(const std::string& what) const {
   throw ProtocolError("forkpool: malformed message at byte " + std::to_string(offset_) + ": " + what);
 }

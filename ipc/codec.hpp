@@ -141,6 +141,10 @@ class Writer {
   std::uint32_t attach_fd(int fd, std::shared_ptr<const void> owner) {
     return attachments_.add_borrowed(fd, std::move(owner));
   }
+  // A descriptor as a field of the message: attached as above, its index written in the
+  // bytes; Reader::read_fd takes it back at the same place.
+  void write_fd(int fd);
+  void write_fd(int fd, std::shared_ptr<const void> owner);
 
   std::span<const std::byte> bytes() const noexcept { return bytes_; }
   ByteBuffer& buffer() noexcept { return bytes_; }
@@ -186,6 +190,8 @@ class Reader {
   std::size_t check_count(std::uint64_t count, std::size_t min_element_size, const char* what) const;
   // The descriptor attached at `index`; each may be taken once.
   UniqueFd take_fd(std::uint32_t index);
+  // The descriptor Writer::write_fd wrote here. Throws ProtocolError as take_fd does.
+  UniqueFd read_fd();
 
   std::size_t remaining() const noexcept { return bytes_.size() - offset_; }
   // Trailing bytes are an error.

@@ -105,12 +105,12 @@ void SharedMemory::unlink() {
 
 void codec<SharedMemory>::encode(Writer& w, const SharedMemory& memory) {
   w.write(memory.block_->name);
-  w.write(w.attach_fd(memory.block_->fd.get(), memory.block_.shared()));
+  w.write_fd(memory.block_->fd.get(), memory.block_.shared());
 }
 
 SharedMemory codec<SharedMemory>::decode(Reader& r) {
   auto name = r.read<std::string>();
-  UniqueFd fd = r.take_fd(r.read<std::uint32_t>());
+  UniqueFd fd = r.read_fd();
   if (name.empty() || name.find('/') != std::string::npos) r.fail("a SharedMemory with no name, or one with '/'");
   return SharedMemory::map(std::move(name), fd.release(), true);
 }

@@ -70,10 +70,10 @@ void QueueMemory::lend(Writer& item, const OutgoingBlocks& blocks) {
   if (!storages.empty()) {
     for (const auto& storage : storages) {
       Slab* slab = storage->slab();
-      item.write(item.attach_fd(slab->fd(), slab->shared_from_this()));
+      item.write_fd(slab->fd(), slab->shared_from_this());
       lent_.lend(storage);
     }
-    item.write(item.attach_fd(releases_out_.get()));
+    item.write_fd(releases_out_.get());
   }
   blocks.write_table(item);
 }

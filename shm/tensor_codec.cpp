@@ -52,12 +52,12 @@ void encode_tensor_view(Writer& w, const std::shared_ptr<Storage>& storage, std:
     // are never handed out again (the slab goes once those in use come back).
     SlabAllocator::instance().retire(*slab);
     w.write(StorageKind::memfd);
-    w.write(w.attach_fd(slab->fd(), storage));
+    w.write_fd(slab->fd(), storage);
     storage_size = slab->size();
     offset += static_cast<std::int64_t>(storage->slab_offset());
   } else if (storage->strategy() == SharingStrategy::file_descriptor) {
     w.write(StorageKind::memfd);
-    w.write(w.attach_fd(storage->fd(), storage));  // the message keeps the storage, no dup
+    w.write_fd(storage->fd(), storage);  // the message keeps the storage, no dup
   } else {
     w.write(StorageKind::named);
     w.write(storage->name());

@@ -17,13 +17,13 @@ void encode_connection(Writer& w, const std::shared_ptr<ConnectionEnd>& end) {
   if (end->channel.fd() < 0) throw std::logic_error("forkpool: a closed Connection cannot be sent");
   w.write(static_cast<std::uint8_t>(end->readable));
   w.write(static_cast<std::uint8_t>(end->writable));
-  w.write(w.attach_fd(end->channel.fd(), end));
+  w.write_fd(end->channel.fd(), end);
 }
 
 std::shared_ptr<ConnectionEnd> decode_connection(Reader& r) {
   bool readable = r.read<std::uint8_t>() != 0;
   bool writable = r.read<std::uint8_t>() != 0;
-  UniqueFd fd = r.take_fd(r.read<std::uint32_t>());
+  UniqueFd fd = r.read_fd();
   int type = 0;
   socklen_t size = sizeof type;
   if (getsockopt(fd.get(), SOL_SOCKET, SO_TYPE, &type, &size) != 0 || type != SOCK_SEQPACKET)

@@ -316,12 +316,12 @@ Task<Message> QueueCore::async_get() {
 
 void QueueCore::encode(Writer& w, const std::shared_ptr<const QueueCore>& self) const {
   w.write(static_cast<std::uint64_t>(maxsize_));
-  w.write(w.attach_fd(put_end_.fd(), self));
-  w.write(w.attach_fd(get_end_.fd(), self));
-  w.write(w.attach_fd(page_->fd(), self));
+  w.write_fd(put_end_.fd(), self);
+  w.write_fd(get_end_.fd(), self);
+  w.write_fd(page_->fd(), self);
   if (maxsize_ > 0) {
-    w.write(w.attach_fd(tokens_out_.get(), self));
-    w.write(w.attach_fd(tokens_in_.get(), self));
+    w.write_fd(tokens_out_.get(), self);
+    w.write_fd(tokens_in_.get(), self);
   }
 }
 
@@ -342,13 +342,13 @@ void decode_queue_item(Message& message, const std::function<void(Reader&)>& rea
 
 std::shared_ptr<QueueCore> decode_queue(Reader& r) {
   auto maxsize = r.read<std::uint64_t>();
-  UniqueFd put_end = r.take_fd(r.read<std::uint32_t>());
-  UniqueFd get_end = r.take_fd(r.read<std::uint32_t>());
-  UniqueFd page = r.take_fd(r.read<std::uint32_t>());
+  UniqueFd put_end = r.read_fd();
+  UniqueFd get_end = r.read_fd();
+  UniqueFd page = r.read_fd();
   UniqueFd tokens_out, tokens_in;
   if (maxsize > 0) {
-    tokens_out = r.take_fd(r.read<std::uint32_t>());
-    tokens_in = r.take_fd(r.read<std::uint32_t>());
+    tokens_out = r.read_fd();
+    tokens_in = r.read_fd();
   }
   return std::make_shared<QueueCore>(static_cast<std::size_t>(maxsize), std::move(put_end), std::move(get_end),
                                      std::move(page), std::move(tokens_out), std::move(tokens_in));

@@ -122,11 +122,11 @@ void Semaphore::release() {
 int Semaphore::value() const { return state_of(*page_).value.load(); }
 
 void codec<Semaphore>::encode(Writer& w, const Semaphore& semaphore) {
-  w.write(w.attach_fd(semaphore.page_->fd(), semaphore.page_.shared()));
+  detail::write_page(w, semaphore.page_.shared());
 }
 
 Semaphore codec<Semaphore>::decode(Reader& r) {
-  auto page = detail::SharedPage::adopt(r.take_fd(r.read<std::uint32_t>()));
+  auto page = detail::read_page(r);
   SemaphoreState& state = state_of(*page);
   if (state.initial < 0 || state.bound < state.initial) r.fail("a Semaphore's page holds no semaphore");
   return Semaphore(std::move(page));

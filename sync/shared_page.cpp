@@ -15,10 +15,13 @@
 
 namespace forkpool::detail {
 
-SharedPage::SharedPage(UniqueFd fd, Mapping mapping) : fd_(std::move(fd)), mapping_(std::move(mapping)) {
+ino_t SharedPage::inode() const {
+  // Threads that race here each read the same number.
+  if (ino_t known = inode_.load(std::memory_order_relaxed); known != 0) return known;
   struct stat st {};
   if (fstat(fd_.get(), &st) != 0) throw_last_errno("forkpool: fstat of a shared page");
-  inode_ = st.st_ino;
+  inode_.store(st.st_ino, std::memory_order_relaxed);
+  return st.st_ino;
 }
 
 std::shared_ptr<SharedPage> SharedPage::create(const char* name) {
@@ -33,6 +36,10 @@ std::shared_ptr<SharedPage> SharedPage::adopt(UniqueFd fd) {
   Mapping mapping = Mapping::map(fd.get(), kSize, PROT_READ | PROT_WRITE);
   return std::shared_ptr<SharedPage>(new SharedPage(std::move(fd), std::move(mapping)));
 }
+
+void write_page(Writer& w, const std::shared_ptr<SharedPage>& page) { w.write_fd(page->fd(), page); }
+
+std::shared_ptr<SharedPage> read_page(Reader& r) { return SharedPage::adopt(r.read_fd()); }
 
 void futex_wait(const void* word, std::uint32_t expected, const timespec* timeout) noexcept {
   syscall(SYS_futex, word, FUTEX_WAIT, expected, timeout, nullptr, 0);

@@ -34,13 +34,13 @@ std::size_t SharedBytes::size() const noexcept { return memory_->size; }
 
 void SharedBytes::encode(Writer& w, const std::shared_ptr<const SharedBytes>& self) const {
   w.write(static_cast<std::uint64_t>(memory_->size));
-  w.write(w.attach_fd(memory_->fd.get(), self));
+  w.write_fd(memory_->fd.get(), self);
   w.write(lock_);
 }
 
 std::shared_ptr<SharedBytes> SharedBytes::decode(Reader& r, std::size_t element_size) {
   auto size = r.read<std::uint64_t>();
-  UniqueFd fd = r.take_fd(r.read<std::uint32_t>());
+  UniqueFd fd = r.read_fd();
   RLock lock = r.read<RLock>();
   if (size % element_size != 0) r.fail("a shared Value or Array of a size its type does not divide");
   std::size_t mapped = std::max<std::uint64_t>(size, 1);

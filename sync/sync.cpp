@@ -64,10 +64,10 @@ Task<void> Event::async_wait() const {
   co_return;
 }
 
-void codec<Event>::encode(Writer& w, const Event& event) { w.write(w.attach_fd(event.fd(), event.state_.shared())); }
+void codec<Event>::encode(Writer& w, const Event& event) { w.write_fd(event.fd(), event.state_.shared()); }
 
 Event codec<Event>::decode(Reader& r) {
-  UniqueFd fd = r.take_fd(r.read<std::uint32_t>());
+  UniqueFd fd = r.read_fd();
   // An eventfd's link reads "anon_inode:[eventfd]": anything else is not an event.
   char link[64] = {};
   std::string path = "/proc/self/fd/" + std::to_string(fd.get());
@@ -171,8 +171,8 @@ void Lock::unlock() {
   page_->mutex_released();
 }
 
-void codec<Lock>::encode(Writer& w, const Lock& lock) { w.write(w.attach_fd(lock.page_->fd(), lock.page_.shared())); }
-Lock codec<Lock>::decode(Reader& r) { return Lock(detail::SharedPage::adopt(r.take_fd(r.read<std::uint32_t>()))); }
+void codec<Lock>::encode(Writer& w, const Lock& lock) { detail::write_page(w, lock.page_.shared()); }
+Lock codec<Lock>::decode(Reader& r) { return Lock(detail::read_page(r)); }
 
 using detail::RobustGuard;
 
@@ -235,11 +235,11 @@ void Condition::notify_all() { notify(INT_MAX); }
 
 void codec<Condition>::encode(Writer& w, const Condition& condition) {
   codec<Lock>::encode(w, condition.lock_);
-  w.write(w.attach_fd(condition.page_->fd(), condition.page_.shared()));
+  detail::write_page(w, condition.page_.shared());
 }
 Condition codec<Condition>::decode(Reader& r) {
   Lock lock = codec<Lock>::decode(r);
-  return Condition(std::move(lock), detail::SharedPage::adopt(r.take_fd(r.read<std::uint32_t>())));
+  return Condition(std::move(lock), detail::read_page(r));
 }
 
 // Barrier: arrivals of the current round counted in a shared page under a robust mutex, with
@@ -393,7 +393,7 @@ int Barrier::n_waiting() const {
 // The page, then the action as where it is in its object (detail::CodeAddress): a process maps
 // the same program and objects at other addresses (spawn), and finds the object already loaded.
 void codec<Barrier>::encode(Writer& w, const Barrier& barrier) {
-  w.write(w.attach_fd(barrier.page_->fd(), barrier.page_.shared()));
+  detail::write_page(w, barrier.page_.shared());
   std::optional<detail::CodeAddress> action;
   if (barrier.action_) {
     action = detail::code_address_of(reinterpret_cast<std::uintptr_t>(barrier.action_));
@@ -407,7 +407,7 @@ void codec<Barrier>::encode(Writer& w, const Barrier& barrier) {
   }
 }
 Barrier codec<Barrier>::decode(Reader& r) {
-  auto page = detail::SharedPage::adopt(r.take_fd(r.read<std::uint32_t>()));
+  auto page = detail::read_page(r);
   if (page->as<BarrierState>()->parties < 1) r.fail("a Barrier of fewer than one party");
   Barrier::Action action = nullptr;
   if (r.read<bool>()) {

@@ -165,7 +165,7 @@ TEST(Codec, DuplicateMapKeysAreAnError) {
 TEST(Codec, DescriptorIndicesAreChecked) {
   Writer w = encode(std::uint32_t{0});
   Reader r(w.bytes());
-  EXPECT_THROW(r.take_fd(r.read<std::uint32_t>()), ProtocolError);
+  EXPECT_THROW(r.read_fd(), ProtocolError);
 }
 
 // Plain aggregates cross as their bytes only without pointers (tests/compile_errors/ shows the

@@ -540,10 +540,10 @@ void expect_refused_with(int fd) {
   Writer w;
   if constexpr (std::is_same_v<T, Queue<int>>) {
     w.write(std::uint64_t{0});
-    w.write(w.attach_fd(fd));
-    w.write(w.attach_fd(fd));
+    w.write_fd(fd);
+    w.write_fd(fd);
   }
-  w.write(w.attach_fd(fd));
+  w.write_fd(fd);
   std::vector<UniqueFd> fds;
   for (int attached : w.fds()) fds.emplace_back(dup(attached));
   Reader r(w.bytes(), fds);

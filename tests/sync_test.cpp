@@ -512,7 +512,7 @@ TEST(SharedValueTest, AValueOfTheWrongDescriptorIsAProtocolError) {
   ASSERT_EQ(pipe(ends), 0);
   Writer w;
   w.write(std::uint64_t{8});
-  w.write(w.attach_fd(ends[0]));
+  w.write_fd(ends[0]);
   w.write(RLock());
   std::vector<UniqueFd> fds;
   for (int attached : w.fds()) fds.emplace_back(dup(attached));

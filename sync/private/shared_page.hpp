@@ -11,7 +11,9 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <utility>
 
+#include <forkpool/ipc/codec.hpp>
 #include <forkpool/ipc/internal/mapping.hpp>
 #include <forkpool/runtime/unique_fd.hpp>
 
@@ -37,8 +39,8 @@ class SharedPage {
 
   int fd() const noexcept { return fd_.get(); }
   // Whether `other` is the same page, also when each was received on its own (two mappings of
-  // one memfd): their inodes are equal.
-  bool same_as(const SharedPage& other) const noexcept { return inode_ == other.inode_; }
+  // one memfd): their inodes are equal. Throws std::system_error if fstat fails.
+  bool same_as(const SharedPage& other) const { return inode() == other.inode(); }
   template <class T>
   T* as() noexcept {
     static_assert(sizeof(T) <= kSize);
@@ -46,12 +48,19 @@ class SharedPage {
   }
 
  private:
-  SharedPage(UniqueFd fd, Mapping mapping);
+  SharedPage(UniqueFd fd, Mapping mapping) noexcept : fd_(std::move(fd)), mapping_(std::move(mapping)) {}
+  // Read on first use: only a Condition's wait asks, so other pages never pay the fstat.
+  ino_t inode() const;
   UniqueFd fd_;
   Mapping mapping_;
-  ino_t inode_;
+  mutable std::atomic<ino_t> inode_{0};  // 0: not read yet (no file has inode 0)
   std::atomic<int> mutexes_held_{0};
 };
+
+// A page as a field of a message: its descriptor, which the message keeps (with the page) until
+// it is sent; read_page maps it again on the receiving side (adopt's checks and errors).
+void write_page(Writer& w, const std::shared_ptr<SharedPage>& page);
+std::shared_ptr<SharedPage> read_page(Reader& r);
 
 // Futex wait/wake on a word of shared memory (not FUTEX_PRIVATE: other processes map it too).
 // wait returns when woken, interrupted, when *word != expected, or after `timeout` (none: for ever).
