@@ -214,13 +214,13 @@ class DataLoader {
       pool_.reset();  // the last epoch's workers first
       pool_ = std::make_unique<Pool>(pool_options());
     }
+    pool_->core_->check_owner("DataLoader::epoch");
     auto window = static_cast<std::size_t>(options_.num_workers) * static_cast<std::size_t>(options_.prefetch_factor);
     if constexpr (kIterable) {
       auto state = std::make_shared<ShardedEpoch>(pool_->core_, options_.num_workers, epoch, window, options_.in_order);
       state->start();
       return Stream<Batch>(std::move(state));
     } else {
-      pool_->core_->check_owner("DataLoader::epoch");
       auto state = std::make_shared<IndexedEpoch>(pool_->core_, &load, std::move(batches), 1, options_.in_order, window,
                                                   /*bound_unconsumed=*/true);
       state->start();
@@ -424,12 +424,17 @@ class DataLoader {
       shard_of(chunk).ended = true;
       this->skip(chunk);
     }
+    // A lost worker's batch is named by its shard ("batch 2 of shard 1": shard W is read by the
+    // worker whose worker_info().id is W), where the pool says "the task".
     void chunk_failed(std::size_t chunk, std::exception_ptr error) override {
       Shard& shard = shard_of(chunk);
       if (detail::lost_its_worker(error)) {
         // Its other requests fail with it: the consumer hears of the loss once.
         if (std::exchange(shard.lost, true)) return this->skip(chunk);
         shard.ended = true;
+        const Sent& sent = sent_.at(chunk);
+        error = detail::naming_batch(
+            std::move(error), "batch " + std::to_string(sent.batch) + " of shard " + std::to_string(sent.worker));
       }
       detail::StreamState<Batch>::chunk_failed(chunk, std::move(error));
     }
@@ -440,7 +445,11 @@ class DataLoader {
       bool ended = false;
       bool lost = false;
     };
-    Shard& shard_of(std::size_t chunk) { return shards_[static_cast<std::size_t>(worker_of_chunk_.at(chunk))]; }
+    struct Sent {
+      int worker;
+      std::uint64_t batch;  // of its shard
+    };
+    Shard& shard_of(std::size_t chunk) { return shards_[static_cast<std::size_t>(sent_.at(chunk).worker)]; }
 
     bool submit_chunk(std::size_t index) override {
       if (this->core().terminated()) throw PoolTerminated();
@@ -454,7 +463,7 @@ class DataLoader {
             &load_from_shard, at, &request + 1, 1, this->shared_from_this(), index);
         job->pinned_worker = worker;
         this->record_chunk_size(index, 1);
-        worker_of_chunk_.push_back(worker);
+        sent_.push_back({worker, request.second});
         this->core().submit_for_stream(std::move(job));
         return true;
       }
@@ -463,7 +472,7 @@ class DataLoader {
     }
 
     std::vector<Shard> shards_;
-    std::vector<int> worker_of_chunk_;  // chunks are numbered from 0 in submission order
+    std::vector<Sent> sent_;  // chunk i's request (chunks are numbered from 0 in submission order)
     std::size_t turn_ = 0;
     std::uint64_t epoch_;
   };

@@ -5,10 +5,12 @@
 
 #include <algorithm>
 #include <deque>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <stop_token>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <type_traits>
 
@@ -139,6 +141,7 @@ class PoolCoreImpl final : public PoolCore,
   }
   void worker_gone(const std::shared_ptr<PoolWorker>& worker) override;
   void loop_left() noexcept override;
+  void loop_ending() noexcept override;
 
  private:
   // What becomes of a job that was in flight on a worker that is gone.
@@ -185,6 +188,14 @@ class PoolCoreImpl final : public PoolCore,
   Task<void> enforce_task_timeout();
 
   Loop& loop_ = Loop::current();  // its thread's: a pool belongs to the thread that made it
+  // Whether loop_ has ended (its thread exited): then nothing may be posted to it. Guarded by
+  // loop_mutex_, which a shut_down on another thread takes too.
+  std::mutex loop_mutex_;
+  bool loop_ended_ = false;
+  // The shutdown, when ~Pool runs on another thread than the pool's (see shut_down).
+  void hand_shut_down_to_owner() noexcept;
+  // run() and ~Loop wait for the workers' reaping before they return.
+  void finish_reaping_before_return();
   PoolOptions options_;
   std::string process_name_;   // non-empty: the workers are Processes
   bool jobs_die_with_worker_;  // PoolCore::create
@@ -220,11 +231,13 @@ PoolCore::PoolCore() : owner_thread_(std::this_thread::get_id()), owner_pid_(cur
 
 bool PoolCore::in_owner_process() const noexcept { return current_pid() == owner_pid_; }
 
+bool PoolCore::on_owner_thread() const noexcept { return std::this_thread::get_id() == owner_thread_; }
+
 void PoolCore::check_owner(const char* who) const {
   if (!in_owner_process())
     throw std::logic_error(std::string("forkpool: ") + who +
                            " called in a forked child: a Pool belongs to the process that made it");
-  if (std::this_thread::get_id() != owner_thread_)
+  if (!on_owner_thread())
     throw std::logic_error(std::string("forkpool: ") + who +
                            " called from another thread: a Pool belongs to the thread that made it; hand "
                            "the call to that thread with Loop::post (docs/embedding.md)");
@@ -706,15 +719,48 @@ Task<void> PoolCoreImpl::join() {
 }
 
 void PoolCoreImpl::shut_down() {
+  if (!on_owner_thread()) return hand_shut_down_to_owner();
   terminate();
-  Loop& loop = Loop::current();
-  if (LoopInternals::driving(loop)) {
-    // Inside a coroutine: run() waits for the reaping before it returns.
-    auto wait_for_workers = [](std::shared_ptr<PoolCoreImpl> self) -> Task<void> { co_await self->background_.join(); };
-    LoopInternals::finish_before_return(loop, wait_for_workers(shared_from_this()));
+  if (LoopInternals::driving(loop_)) {
+    finish_reaping_before_return();  // inside a coroutine or a callback
   } else {
-    LoopInternals::DriveGuard guard(loop, "forkpool::Pool::~Pool");
-    LoopInternals::drive_until(loop, [this] { return background_.active() == 0; });
+    LoopInternals::DriveGuard guard(loop_, "forkpool::Pool::~Pool");
+    LoopInternals::drive_until(loop_, [this] { return background_.active() == 0; });
+  }
+}
+
+void PoolCoreImpl::finish_reaping_before_return() {
+  auto wait_for_workers = [](std::shared_ptr<PoolCoreImpl> self) -> Task<void> { co_await self->background_.join(); };
+  LoopInternals::finish_before_return(loop_, wait_for_workers(shared_from_this()));
+}
+
+// ~Pool on another thread: the pool's coroutines and ring are its own thread's, so the shutdown
+// is posted there and runs at that loop's next turn. Not waited for: the pool's thread may be
+// the one waiting for this one (a join), and would never turn. If its loop has ended, the
+// workers ended with it (loop_ending).
+void PoolCoreImpl::hand_shut_down_to_owner() noexcept {
+  std::lock_guard held(loop_mutex_);
+  if (loop_ended_) return;
+  try {
+    loop_.post([self = shared_from_this()] { self->shut_down(); });
+  } catch (...) {
+    // (Out of memory.) The workers end with the pool's thread's loop, or with this process.
+  }
+}
+
+// The pool's thread exits with the pool alive (held elsewhere): its workers are stopped and
+// reaped now, as ~Pool would, by ~Loop's last turns.
+void PoolCoreImpl::loop_ending() noexcept {
+  {
+    std::lock_guard held(loop_mutex_);
+    loop_ended_ = true;
+  }
+  if (!in_owner_process()) return;
+  try {
+    terminate();
+    finish_reaping_before_return();
+  } catch (...) {
+    // (Out of memory.) The workers die with this process (PR_SET_PDEATHSIG), as a crash's would.
   }
 }
 

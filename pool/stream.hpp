@@ -16,6 +16,7 @@
 #include <string>
 
 #include <forkpool/pool/internal/stream_state.hpp>
+#include <forkpool/runtime/internal/blocking_wait.hpp>
 #include <forkpool/runtime/internal/progress_line.hpp>
 #include <forkpool/runtime/internal/shared_handle.hpp>
 #include <forkpool/runtime/loop.hpp>
@@ -105,9 +106,15 @@ class [[nodiscard]] StreamNext {
   typename detail::StreamState<R>::Waiter waiter_;
 };
 
-// Runs the loop until the stream's next result (see run(Task)).
+// Runs the loop until the stream's next result (see run(Task)). On a thread that has no loop
+// (not the pool's), only a result already there is given; a wait is std::logic_error rather
+// than a wait for ever.
 template <class R>
 std::optional<R> run(StreamNext<R> next) {
+  if (!detail::thread_has_loop()) {
+    if (next.await_ready()) return next.await_resume();
+    detail::refuse_wait_without_loop("forkpool::run(Stream::next())");
+  }
   return run(Task<std::optional<R>>(std::move(next)));
 }
 

@@ -224,19 +224,21 @@ class AsyncResult {
     if (!wait(timeout)) throw TimeoutError("forkpool: AsyncResult::get timed out");
     return state().take();
   }
-  void wait() const {
-    detail::drive_loop_until([&state = state()] { return state.ready(); }, std::nullopt, "forkpool::AsyncResult::wait");
-  }
+  // On another thread than the pool's, only a ready result can be waited for: where the thread
+  // has no loop at all, std::logic_error rather than a wait for ever.
+  void wait() const { (void)wait_for(std::nullopt); }
   // True if the result became ready within `timeout`.
-  bool wait(std::chrono::nanoseconds timeout) const {
-    return detail::drive_loop_until([&state = state()] { return state.ready(); }, timeout,
-                                    "forkpool::AsyncResult::wait");
-  }
+  bool wait(std::chrono::nanoseconds timeout) const { return wait_for(timeout); }
 
   auto operator co_await() const& { return Awaiter<false>{state_.shared()}; }
   auto operator co_await() && { return Awaiter<true>{state_.take()}; }
 
  private:
+  bool wait_for(std::optional<std::chrono::nanoseconds> timeout) const {
+    detail::ResultState<R>& waited = state();
+    if (!waited.ready() && !detail::thread_has_loop()) detail::refuse_wait_without_loop("forkpool::AsyncResult::wait");
+    return detail::drive_loop_until([&waited] { return waited.ready(); }, timeout, "forkpool::AsyncResult::wait");
+  }
   template <bool Take>
   struct Awaiter {
     std::shared_ptr<detail::ResultState<R>> state;

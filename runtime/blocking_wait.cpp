@@ -1,5 +1,8 @@
 #include <forkpool/runtime/internal/blocking_wait.hpp>
 
+#include <stdexcept>
+#include <string>
+
 #include <forkpool/runtime/internal/io.hpp>
 #include <forkpool/runtime/private/loop_internals.hpp>
 
@@ -28,6 +31,15 @@ bool drive_loop_until(const std::function<bool()>& ready, std::optional<std::chr
     LoopInternals::drive_until(loop, [&] { return timer_done; });  // the timer lives on this stack
   }
   return ready();
+}
+
+bool thread_has_loop() noexcept { return LoopInternals::existing() != nullptr; }
+
+void refuse_wait_without_loop(const char* who) {
+  throw std::logic_error(std::string(who) +
+                         " called on a thread that has no forkpool loop: a pool's results arrive on the loop of the "
+                         "thread that made the pool, never here; wait on that thread, or hand the wait to it with "
+                         "Loop::post");
 }
 
 void run_ready_work_if_idle() {

@@ -117,6 +117,8 @@ void detail::LoopInternals::open_door(Loop& loop) {
 }
 
 Loop::~Loop() {
+  for (const std::weak_ptr<detail::LeaveListener>& weak : leave_listeners_)
+    if (std::shared_ptr<detail::LeaveListener> listener = weak.lock()) listener->loop_ending();
   try {
     LoopInternals::finish(*this);
   } catch (...) {}

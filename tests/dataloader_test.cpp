@@ -66,7 +66,8 @@ struct Words {
 };
 
 // An epoch read to its end: the samples of the batches that came, and the messages of those
-// that failed with WorkerLost.
+// that failed with WorkerLost. A Stream has no timeout of its own: a test that drains one runs
+// in run_in_child_within.
 struct Drained {
   std::vector<int> samples;
   std::vector<std::string> lost;
@@ -351,13 +352,16 @@ struct Deadly {
 
 TEST(DataLoaderTest, ABatchWhoseWorkerDiedFailsWithWorkerLostNamingItAndTheEpochGoesOn) {
   // (The message said "the task": which batch was lost, the consumer could not tell.)
-  DataLoader loader(Deadly{}, {.batch_size = 2, .num_workers = 2});
-  Stream<std::vector<int>> epoch = loader.epoch();
-  Drained drained = drain(epoch);
-  ASSERT_EQ(drained.lost.size(), 1u);
-  EXPECT_NE(drained.lost[0].find("died while running batch 2 of the epoch (killed by SIGKILL)"), std::string::npos)
-      << drained.lost[0];
-  EXPECT_EQ(drained.samples, (std::vector<int>{0, 1, 2, 3, 6, 7}));
+  int status = test_support::run_in_child_within(30s, [] {
+    DataLoader loader(Deadly{}, {.batch_size = 2, .num_workers = 2});
+    Stream<std::vector<int>> epoch = loader.epoch();
+    Drained drained = drain(epoch);
+    ASSERT_EQ(drained.lost.size(), 1u);
+    EXPECT_NE(drained.lost[0].find("died while running batch 2 of the epoch (killed by SIGKILL)"), std::string::npos)
+        << drained.lost[0];
+    EXPECT_EQ(drained.samples, (std::vector<int>{0, 1, 2, 3, 6, 7}));
+  });
+  test_support::expect_ended_well(status, "hung: the epoch did not go on past the lost batch");
 }
 
 TEST(DataLoaderTest, TheProgressOptionDrawsALineWithTheLabel) {
@@ -498,12 +502,68 @@ TEST(IterableDatasetTest, AReadThatThrowsFailsItsBatchNamingWorkerAndBatchAndEnd
 
 TEST(IterableDatasetTest, AWorkerKilledMidShardFailsOneBatchAndTheOtherShardsFinish) {
   // Worker 1 reads 1 3 5 7 9 ...: it dies reading 9, in its batch 2.
-  DataLoader loader(Counting{20, -1, /*kills_at=*/9}, {.batch_size = 2, .num_workers = 2});
-  Stream<std::vector<int>> epoch = loader.epoch();
-  Drained drained = drain(epoch);
-  EXPECT_EQ(drained.lost.size(), 1u);
-  std::sort(drained.samples.begin(), drained.samples.end());
-  EXPECT_EQ(drained.samples, (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 18}));
+  int status = test_support::run_in_child_within(30s, [] {
+    DataLoader loader(Counting{20, -1, /*kills_at=*/9}, {.batch_size = 2, .num_workers = 2});
+    Stream<std::vector<int>> epoch = loader.epoch();
+    Drained drained = drain(epoch);
+    ASSERT_EQ(drained.lost.size(), 1u);
+    // (It said "the task".)
+    EXPECT_NE(drained.lost[0].find("died while running batch 2 of shard 1 (killed by SIGKILL)"), std::string::npos)
+        << drained.lost[0];
+    std::sort(drained.samples.begin(), drained.samples.end());
+    EXPECT_EQ(drained.samples, (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 18}));
+  });
+  test_support::expect_ended_well(status, "hung: the other shards did not finish");
+}
+
+// A loader's epoch from another thread: persistent workers belong to the thread that made them,
+// so the epoch is refused, naming the rule (an iterable dataset's was sent from the wrong
+// thread); without them the epoch makes its own workers there, and the old ones' pool ends on
+// its own thread (~Pool on another thread did hang).
+template <class Dataset>
+std::string epoch_on_another_thread(DataLoader<Dataset>& loader, std::vector<int>& got) {
+  std::string refusal;
+  std::thread([&] {
+    try {
+      for (std::vector<int>& batch : loader) got.insert(got.end(), batch.begin(), batch.end());
+    } catch (const std::logic_error& e) {
+      refusal = e.what();
+    }
+  }).join();
+  return refusal;
+}
+
+TEST(DataLoaderTest, AnEpochOnAnotherThreadIsRefusedWithPersistentWorkersAndRunsWithout) {
+  int status = test_support::run_in_child_within(30s, [] {
+    for (bool iterable : {false, true}) {
+      for (bool persistent : {true, false}) {
+        DataLoaderOptions options{.batch_size = 2, .num_workers = 2, .persistent_workers = persistent};
+        std::vector<int> here, there;
+        std::string refusal;
+        if (iterable) {
+          DataLoader loader(Counting{6}, options);
+          for (std::vector<int>& batch : loader) here.insert(here.end(), batch.begin(), batch.end());
+          refusal = epoch_on_another_thread(loader, there);
+        } else {
+          DataLoader loader(Numbers{6}, options);
+          here = flatten(loader);
+          refusal = epoch_on_another_thread(loader, there);
+        }
+        std::string what = std::string(iterable ? "iterable" : "map-style") + (persistent ? ", persistent" : "");
+        if (persistent) {
+          EXPECT_NE(refusal.find("belongs to the thread that made it"), std::string::npos) << what << ": " << refusal;
+          EXPECT_TRUE(there.empty()) << what;
+        } else {
+          EXPECT_EQ(refusal, "") << what;
+          std::sort(here.begin(), here.end());
+          std::sort(there.begin(), there.end());
+          EXPECT_EQ(there, here) << what;
+        }
+      }
+    }
+    run(sleep_for(1ms));  // this thread's loop turns: the pools handed back to it end
+  });
+  test_support::expect_ended_well(status, "hung: a loader's epoch on another thread");
 }
 
 TEST(IterableDatasetTest, OptionsThatNeedASamplerAreRefused) {

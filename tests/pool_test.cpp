@@ -525,18 +525,21 @@ TEST(AsyncResultTest, ABlockingGetInsideADoneCallbackIsALogicErrorNamingCallback
 
 // As AsyncResult's: a Stream's state was read through null (SEGV in StreamNext::await_ready).
 TEST(StreamTest, AMovedFromStreamIsALogicErrorNamingItAndTheKeptOneServesOn) {
-  Pool pool({.processes = 1});
-  std::vector<int> inputs{1, 2, 3};
-  Stream<int> moved = pool.imap(square, inputs);
-  Stream<int> kept = std::move(moved);
-  test_support::expect_moved_from_error("Stream", [&] { run(moved.next()); });
-  test_support::expect_moved_from_error("Stream", [&] { moved.progress(); });
-  test_support::expect_moved_from_error("Stream", [&] {
-    for (int value : moved) (void)value;
+  int status = test_support::run_in_child_within(20s, [] {
+    Pool pool({.processes = 1});
+    std::vector<int> inputs{1, 2, 3};
+    Stream<int> moved = pool.imap(square, inputs);
+    Stream<int> kept = std::move(moved);
+    test_support::expect_moved_from_error("Stream", [&] { run(moved.next()); });
+    test_support::expect_moved_from_error("Stream", [&] { moved.progress(); });
+    test_support::expect_moved_from_error("Stream", [&] {
+      for (int value : moved) (void)value;
+    });
+    std::vector<int> got;
+    while (std::optional<int> value = run(kept.next())) got.push_back(*value);
+    EXPECT_EQ(got, (std::vector<int>{1, 4, 9}));
   });
-  std::vector<int> got;
-  while (std::optional<int> value = run(kept.next())) got.push_back(*value);
-  EXPECT_EQ(got, (std::vector<int>{1, 4, 9}));
+  test_support::expect_ended_well(status, "hung: the kept stream stopped serving");
 }
 
 TEST_P(PoolTest, GetFromInsideACoroutineIsALogicError) {
@@ -848,6 +851,75 @@ TEST_P(PoolTest, UseFromAnotherThreadIsALogicErrorNamingTheRule) {
   EXPECT_EQ(pool.apply_async(square, 3).get(), 9);  // and it still serves its own thread
 }
 
+TEST_P(PoolTest, APoolDestroyedOnAnotherThreadHandsItsShutdownToItsOwnThreadWithoutWaiting) {
+  // (~Pool drove the destroying thread's loop, waiting for workers that only the pool's own
+  // loop reaps: it hung for ever.)
+  int status = test_support::run_in_child_within(20s, [&] {
+    auto pool = std::make_unique<Pool>(options());
+    EXPECT_EQ(pool->apply_async(square, 3).get(10s), 9);
+    std::vector<pid_t> pids = pool->worker_pids();
+    std::thread([&] { pool.reset(); }).join();  // this thread waits for that one: ~Pool must not wait for it
+    run(sleep_for(1ms));                        // the pool's loop turns: the shutdown runs, run() waits for the reaping
+    for (pid_t pid : pids) EXPECT_FALSE(test_support::process_alive(pid)) << "worker " << pid << " still runs";
+  });
+  test_support::expect_ended_well(status, "hung: ~Pool on another thread waited for ever");
+}
+
+TEST_P(PoolTest, AWaitOnAThreadWithoutALoopIsALogicErrorUntilTheResultIsThere) {
+  // (get() and a stream's range-for on a plain std::thread waited for ever: the pool's loop, on
+  // the thread waiting for that one, never turned.)
+  int status = test_support::run_in_child_within(20s, [&] {
+    Pool pool(options());
+    AsyncResult<int> pending = pool.apply_async(sleep_ms, 100);
+    Stream<int> stream = pool.imap(sleep_ms, std::vector<int>{100});
+    std::string get_refusal, next_refusal;
+    std::thread([&] {
+      try {
+        pending.get();
+      } catch (const std::logic_error& e) {
+        get_refusal = e.what();
+      }
+      try {
+        for (int value : stream) (void)value;
+      } catch (const std::logic_error& e) {
+        next_refusal = e.what();
+      }
+    }).join();
+    EXPECT_NE(get_refusal.find("AsyncResult::wait called on a thread that has no forkpool loop"), std::string::npos)
+        << get_refusal;
+    EXPECT_NE(next_refusal.find("run(Stream::next()) called on a thread that has no forkpool loop"), std::string::npos)
+        << next_refusal;
+    // Refused, nothing was lost: once the pool's loop has delivered them, any thread takes them.
+    ASSERT_TRUE(pending.wait(10s));
+    run(sleep_for(300ms));  // the pool's loop turns: the stream's result arrives too
+    int got = 0;
+    std::optional<int> streamed;
+    std::thread([&] {
+      got = pending.get();
+      streamed = run(stream.next());
+    }).join();
+    EXPECT_EQ(got, 100);
+    EXPECT_EQ(streamed, 100);
+  });
+  test_support::expect_ended_well(status, "hung: a wait on a thread without a loop");
+}
+
+TEST_P(PoolTest, APoolWhoseThreadExitsHasItsWorkersEndedWithThatThreadsLoop) {
+  // (Its workers ran on, and ~Pool later, on another thread, hung.)
+  int status = test_support::run_in_child_within(20s, [&] {
+    std::unique_ptr<Pool> pool;
+    std::vector<pid_t> pids;
+    std::thread([&] {
+      pool = std::make_unique<Pool>(options());
+      EXPECT_EQ(pool->apply_async(square, 3).get(10s), 9);
+      pids = pool->worker_pids();
+    }).join();
+    for (pid_t pid : pids) EXPECT_FALSE(test_support::process_alive(pid)) << "worker " << pid << " still runs";
+    pool.reset();  // its loop is gone: nothing is left to do
+  });
+  test_support::expect_ended_well(status, "hung: ~Pool after its thread's loop ended");
+}
+
 TEST_P(PoolTest, AForkedChildThatDestroysAPoolLeavesTheParentsWorkersAlone) {
   Pool pool(options());
   auto pids = pool.worker_pids();
@@ -948,10 +1020,6 @@ TEST_P(PoolTest, AStreamOwnsACopyOfAnLvalueContainerItReadsLazily) {
 
 // The stream tests below run in a child with an alarm: their regressions are a crash or a
 // waiter never resumed, which must fail the test, not hang or kill the suite.
-void expect_ended_well(int status, const char* hang) {
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-      << (WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM ? hang : "failed") << " (status " << status << ")";
-}
 
 TEST_P(PoolTest, ANextWhoseCoroutineIsDestroyedWhileItWaitsIsForgottenAndTheStreamServesOn) {
   int status = test_support::run_in_child_within(std::chrono::seconds(20), [&] {
@@ -973,7 +1041,7 @@ TEST_P(PoolTest, ANextWhoseCoroutineIsDestroyedWhileItWaitsIsForgottenAndTheStre
     check(got.size() == 50, "results were lost");
     for (int i = 0; i < 50; ++i) check(got[i] == i * i, "a result out of order");
   });
-  expect_ended_well(status, "hung: the stream stopped serving");
+  test_support::expect_ended_well(status, "hung: the stream stopped serving");
 }
 
 TEST_P(PoolTest, ANextIsATaskWhereATaskIsWanted) {
@@ -986,7 +1054,7 @@ TEST_P(PoolTest, ANextIsATaskWhereATaskIsWanted) {
     check(run(stream.next()) == std::optional<int>(9), "the third result was lost");
     check(run(stream.next()) == std::nullopt, "the stream did not end");
   });
-  expect_ended_well(status, "hung: a next() waiting beside another was never answered");
+  test_support::expect_ended_well(status, "hung: a next() waiting beside another was never answered");
 }
 
 TEST_P(PoolTest, TwoConsumersOfOneStreamShareItsResultsInOrder) {
@@ -1006,7 +1074,7 @@ TEST_P(PoolTest, TwoConsumersOfOneStreamShareItsResultsInOrder) {
     check(all.size() == 500, "results were lost or doubled");
     for (int i = 0; i < 500; ++i) check(all[i] == i * i, "a wrong result");
   });
-  expect_ended_well(status, "hung: a consumer's next() was never answered");
+  test_support::expect_ended_well(status, "hung: a consumer's next() was never answered");
 }
 
 TEST_P(PoolTest, AnErrorFromImapsInputComesAfterEveryEarlierResult) {

@@ -138,6 +138,9 @@ int run_in_child(const std::function<void()>& body) {
       std::fprintf(stderr, "child failed: %s\n", e.what());
       code = 1;
     }
+    // An EXPECT that failed in the child is printed there; its status carries it here.
+    if (::testing::Test::HasFailure()) code = 1;
+    std::fflush(stdout);
     _exit(code);
   }
   int status = 0;
@@ -150,6 +153,11 @@ int run_in_child_within(std::chrono::seconds limit, const std::function<void()>&
     alarm(static_cast<unsigned>(limit.count()));
     body();
   });
+}
+
+void expect_ended_well(int status, const char* hang) {
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << (WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM ? hang : "failed") << " (status " << status << ")";
 }
 
 namespace {

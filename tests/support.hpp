@@ -127,12 +127,15 @@ void expect_moved_from_error(const std::string& type, F use) {
 }
 
 // Runs `body` in a forked child and returns its exit status as waitpid() reports it. The child
-// exits 0 if `body` returns normally, 1 if it throws.
+// exits 0 if `body` returns normally, 1 if it throws or a gtest expectation failed in it.
 int run_in_child(const std::function<void()>& body);
 
 // As run_in_child, but the child is killed by SIGALRM if `body` has not returned after `limit`:
 // a test of something that used to hang fails instead of hanging the suite.
 int run_in_child_within(std::chrono::seconds limit, const std::function<void()>& body);
+// A failure unless the child of run_in_child_within ended well; `hang` names what its alarm
+// ending it means.
+void expect_ended_well(int status, const char* hang);
 
 // Runs the current test again, alone, in a new process (this executable exec'd: nothing that
 // earlier tests started is there), and returns its exit status as waitpid() reports it. In that

@@ -57,7 +57,8 @@ class PoolCore : public Canceller {
   // A descriptor of its own for the live worker `pid`'s pidfd (invalid when there is none).
   virtual UniqueFd worker_pidfd(pid_t) const { return {}; }
   // For ~Pool: terminate(), and have the workers reaped before the loop's run() returns (now,
-  // when the loop is not being driven).
+  // when the loop is not being driven). On another thread than the pool's: posted to the pool's
+  // thread, not waited for.
   virtual void shut_down() = 0;
 
   // A Pool belongs to the thread (and process) that made it: std::logic_error naming the rule
@@ -68,6 +69,8 @@ class PoolCore : public Canceller {
   void cancel_work(const void* work) final { cancel(static_cast<const JobSink*>(work)); }
   // False in a forked child of the process that made the pool.
   bool in_owner_process() const noexcept;
+  // Whether the calling thread is the one that made the pool.
+  bool on_owner_thread() const noexcept;
 
  protected:
   PoolCore();

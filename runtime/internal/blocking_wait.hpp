@@ -12,6 +12,13 @@ namespace forkpool::detail {
 bool drive_loop_until(const std::function<bool()>& ready, std::optional<std::chrono::nanoseconds> timeout,
                       const char* who);
 
+// Whether the calling thread has a loop (it has made a pool, run a task, or waited on one).
+bool thread_has_loop() noexcept;
+// For a pool's result or stream, not ready, waited for on a thread that has no loop: its pool's
+// thread's loop completes it, never this thread, so the wait would last for ever. Throws
+// std::logic_error naming `who` and the rule.
+[[noreturn]] void refuse_wait_without_loop(const char* who);
+
 // Runs what the calling thread's loop has ready, without waiting: unless the thread has no loop,
 // or something drives it now (a coroutine on it, a turn, a host's run_ready). A program that
 // polls a result outside any coroutine (`while (!r.ready()) ...`) then sees the pool's work go

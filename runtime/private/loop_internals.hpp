@@ -19,6 +19,9 @@ namespace forkpool::detail {
 class LeaveListener {
  public:
   virtual void loop_left() noexcept = 0;
+  // The loop itself ends (its thread exits): the last moment its work can be finished, by
+  // finish_before_return, which ~Loop drives. On the loop's thread.
+  virtual void loop_ending() noexcept {}
 
  protected:
   ~LeaveListener() = default;
