@@ -211,7 +211,9 @@ class Pool {
   UniqueFd worker_pidfd(pid_t pid) const { return core_->worker_pidfd(pid); }
   // terminate(), as leaving Python's `with Pool()` block; outside a coroutine it also waits
   // until every worker is reaped (inside one, run() waits for that before it returns). In a
-  // forked child of the process that made the pool, it touches nothing of the parent's.
+  // forked child of the process that made the pool, it touches nothing of the parent's. On
+  // another thread than the pool's, the shutdown is posted to the pool's thread (Loop::post) and
+  // not waited for; if that thread has exited, its loop ended the workers then.
   ~Pool();
   Pool(const Pool&) = delete;
   Pool& operator=(const Pool&) = delete;

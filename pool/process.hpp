@@ -34,7 +34,8 @@ struct ProcessOptions {
   std::string name = {};  // in ps; "forkpool-process" when empty
   // A daemon process is ended when its parent exits, and when its Process handle is destroyed
   // while it runs. false: the handle's destructor waits for it to end, as Python waits for
-  // non-daemon processes at exit. (Unlike Python's, forkpool's default is true: a destructor
+  // non-daemon processes at exit (where a join is refused, inside a coroutine on the loop or on
+  // a thread without one, it is ended as a daemon). (Unlike Python's, forkpool's default is true: a destructor
   // that may wait for ever is the riskier default in C++.)
   bool daemon = true;
 };
@@ -60,7 +61,9 @@ class Process {
   // Lets go of the process's resources once it has ended; exitcode() still answers. Throws
   // std::logic_error while it runs.
   void close();
-  // True once it has ended (and its exit code is known); false if `timeout` passes first.
+  // True once it has ended (and its exit code is known); false if `timeout` passes first. The
+  // exit code reaches the loop of the thread that started the process: on a thread that has no
+  // loop, joining a process that has not ended is std::logic_error (it would wait for ever).
   bool join(std::chrono::nanoseconds timeout = std::chrono::nanoseconds::max());
   // On the calling thread's loop: its exit code, once it has ended.
   Task<int> async_join();

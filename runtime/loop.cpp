@@ -117,8 +117,9 @@ void detail::LoopInternals::open_door(Loop& loop) {
 }
 
 Loop::~Loop() {
-  for (const std::weak_ptr<detail::LeaveListener>& weak : leave_listeners_)
-    if (std::shared_ptr<detail::LeaveListener> listener = weak.lock()) listener->loop_ending();
+  // By index: a listener may add another while it is told.
+  for (std::size_t i = 0; i < leave_listeners_.size(); ++i)
+    if (std::shared_ptr<detail::LeaveListener> listener = leave_listeners_[i].lock()) listener->loop_ending();
   try {
     LoopInternals::finish(*this);
   } catch (...) {}

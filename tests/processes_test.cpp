@@ -178,6 +178,30 @@ TEST_P(ProcessTest, AssigningOverANonDaemonProcessWaitsForItToFinish) {
   EXPECT_TRUE(p.join(10s));
 }
 
+TEST_P(ProcessTest, AJoinOnAThreadWithoutALoopIsALogicErrorUntilTheProcessHasEnded) {
+  // (It waited for ever: the exit code reaches only the starting thread's loop.)
+  int status = test_support::run_in_child_within(20s, [&] {
+    Queue<int> q;
+    Process p = start_process(options(), sleep_then_put, q, 1);
+    std::string refusal;
+    std::thread([&] {
+      try {
+        p.join();
+      } catch (const std::logic_error& e) {
+        refusal = e.what();
+      }
+    }).join();
+    EXPECT_NE(refusal.find("Process::join called on a thread that has no forkpool loop"), std::string::npos) << refusal;
+    EXPECT_EQ(test_support::get_within(q), 1);
+    EXPECT_TRUE(p.join(10s));
+    bool joined = false;
+    std::thread([&] { joined = p.join(); }).join();  // ended: any thread may join it
+    EXPECT_TRUE(joined);
+    EXPECT_EQ(p.exitcode(), std::optional<int>(0));
+  });
+  test_support::expect_ended_well(status, "hung: a join on a thread without a loop");
+}
+
 TEST_P(ProcessTest, AnExceptionEscapingTheFunctionIsExitCodeOne) {
   Process p = start_process(options(), raise_domain_error, 0);
   EXPECT_TRUE(p.join(10s));
