@@ -115,15 +115,7 @@ TEST_F(ControlTest, ACancelledTaskCountsTowardMaxtasksperchildAndTheReplacementS
 TEST_F(ControlTest, ACancelFromAnotherThreadThrowsAndChangesNothing) {
   Pool pool({.processes = 1});
   AsyncResult<int> result = pool.apply_async(sleep_ms, 300);
-  std::string message;
-  std::thread other([&] {
-    try {
-      result.cancel();
-    } catch (const std::logic_error& e) {
-      message = e.what();
-    }
-  });
-  other.join();
+  std::string message = test_support::logic_error_on_another_thread([&] { result.cancel(); });
   EXPECT_NE(message.find("AsyncResult::cancel"), std::string::npos) << message;
   EXPECT_FALSE(result.ready());
   EXPECT_EQ(result.get(std::chrono::seconds(10)), 300);

@@ -522,15 +522,9 @@ TEST(IterableDatasetTest, AWorkerKilledMidShardFailsOneBatchAndTheOtherShardsFin
 // its own thread (~Pool on another thread did hang).
 template <class Dataset>
 std::string epoch_on_another_thread(DataLoader<Dataset>& loader, std::vector<int>& got) {
-  std::string refusal;
-  std::thread([&] {
-    try {
-      for (std::vector<int>& batch : loader) got.insert(got.end(), batch.begin(), batch.end());
-    } catch (const std::logic_error& e) {
-      refusal = e.what();
-    }
-  }).join();
-  return refusal;
+  return test_support::logic_error_on_another_thread([&] {
+    for (std::vector<int>& batch : loader) got.insert(got.end(), batch.begin(), batch.end());
+  });
 }
 
 TEST(DataLoaderTest, AnEpochOnAnotherThreadIsRefusedWithPersistentWorkersAndRunsWithout) {

@@ -321,15 +321,8 @@ TEST(Loop, RunReadyHandlesNothingWhenIdle) { EXPECT_EQ(Loop::current().run_ready
 
 TEST(Loop, RunReadyFromAThreadThatDoesNotOwnTheLoopIsALogicErrorNamingPost) {
   Loop& loop = Loop::current();
-  std::string error = "run_ready ran";
-  std::thread other([&] {
-    try {
-      loop.run_ready();  // would drive this thread's ring from there, beside its owner
-    } catch (const std::logic_error& e) {
-      error = e.what();
-    }
-  });
-  other.join();
+  // run_ready there would drive this thread's ring beside its owner.
+  std::string error = test_support::logic_error_on_another_thread([&] { loop.run_ready(); });
   EXPECT_NE(error.find("does not own it"), std::string::npos) << error;
   EXPECT_NE(error.find("Loop::post"), std::string::npos) << error;
   EXPECT_EQ(loop.run_ready(), 0u);  // its own thread still drives it

@@ -837,15 +837,7 @@ TEST_P(PoolTest, APoolInsideATaskWorks) {
 
 TEST_P(PoolTest, UseFromAnotherThreadIsALogicErrorNamingTheRule) {
   Pool pool(options());
-  std::string message;
-  std::thread other([&] {
-    try {
-      pool.apply_async(square, 2);
-    } catch (const std::logic_error& e) {
-      message = e.what();
-    }
-  });
-  other.join();
+  std::string message = test_support::logic_error_on_another_thread([&] { pool.apply_async(square, 2); });
   EXPECT_NE(message.find("a Pool belongs to the thread that made it"), std::string::npos) << message;
   EXPECT_NE(message.find("Loop::post"), std::string::npos) << "the message names the way out: " << message;
   EXPECT_EQ(pool.apply_async(square, 3).get(), 9);  // and it still serves its own thread
@@ -872,19 +864,10 @@ TEST_P(PoolTest, AWaitOnAThreadWithoutALoopIsALogicErrorUntilTheResultIsThere) {
     Pool pool(options());
     AsyncResult<int> pending = pool.apply_async(sleep_ms, 100);
     Stream<int> stream = pool.imap(sleep_ms, std::vector<int>{100});
-    std::string get_refusal, next_refusal;
-    std::thread([&] {
-      try {
-        pending.get();
-      } catch (const std::logic_error& e) {
-        get_refusal = e.what();
-      }
-      try {
-        for (int value : stream) (void)value;
-      } catch (const std::logic_error& e) {
-        next_refusal = e.what();
-      }
-    }).join();
+    std::string get_refusal = test_support::logic_error_on_another_thread([&] { pending.get(); });
+    std::string next_refusal = test_support::logic_error_on_another_thread([&] {
+      for (int value : stream) (void)value;
+    });
     EXPECT_NE(get_refusal.find("AsyncResult::wait called on a thread that has no forkpool loop"), std::string::npos)
         << get_refusal;
     EXPECT_NE(next_refusal.find("run(Stream::next()) called on a thread that has no forkpool loop"), std::string::npos)
@@ -1018,9 +1001,9 @@ TEST_P(PoolTest, AStreamOwnsACopyOfAnLvalueContainerItReadsLazily) {
   EXPECT_EQ(scribble[0], -1);
 }
 
-// The stream tests below run in a child with an alarm: their regressions are a crash or a
-// waiter never resumed, which must fail the test, not hang or kill the suite.
-
+// This and the other stream tests whose regression would be a crash or a waiter never resumed
+// run in a child with an alarm (run_in_child_within): such a regression fails the test instead
+// of hanging or killing the suite.
 TEST_P(PoolTest, ANextWhoseCoroutineIsDestroyedWhileItWaitsIsForgottenAndTheStreamServesOn) {
   int status = test_support::run_in_child_within(std::chrono::seconds(20), [&] {
     Pool pool(options());

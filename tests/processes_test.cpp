@@ -183,14 +183,7 @@ TEST_P(ProcessTest, AJoinOnAThreadWithoutALoopIsALogicErrorUntilTheProcessHasEnd
   int status = test_support::run_in_child_within(20s, [&] {
     Queue<int> q;
     Process p = start_process(options(), sleep_then_put, q, 1);
-    std::string refusal;
-    std::thread([&] {
-      try {
-        p.join();
-      } catch (const std::logic_error& e) {
-        refusal = e.what();
-      }
-    }).join();
+    std::string refusal = test_support::logic_error_on_another_thread([&] { p.join(); });
     EXPECT_NE(refusal.find("Process::join called on a thread that has no forkpool loop"), std::string::npos) << refusal;
     EXPECT_EQ(test_support::get_within(q), 1);
     EXPECT_TRUE(p.join(10s));

@@ -126,6 +126,24 @@ void expect_moved_from_error(const std::string& type, F use) {
   }
 }
 
+// Runs `call` on a new std::thread, joins it, and returns the message of the std::logic_error
+// it threw there ("" if it threw none): the refusals of calls that belong to another thread.
+// Another exception is returned as "not a logic_error: <what>", so the caller's check fails.
+template <class F>
+std::string logic_error_on_another_thread(F call) {
+  std::string message;
+  std::thread([&] {
+    try {
+      call();
+    } catch (const std::logic_error& error) {
+      message = error.what();
+    } catch (const std::exception& error) {
+      message = std::string("not a logic_error: ") + error.what();
+    }
+  }).join();
+  return message;
+}
+
 // Runs `body` in a forked child and returns its exit status as waitpid() reports it. The child
 // exits 0 if `body` returns normally, 1 if it throws or a gtest expectation failed in it.
 int run_in_child(const std::function<void()>& body);
