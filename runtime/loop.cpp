@@ -117,9 +117,7 @@ void detail::LoopInternals::open_door(Loop& loop) {
 }
 
 Loop::~Loop() {
-  // By index: a listener may add another while it is told.
-  for (std::size_t i = 0; i < leave_listeners_.size(); ++i)
-    if (std::shared_ptr<detail::LeaveListener> listener = leave_listeners_[i].lock()) listener->loop_ending();
+  LoopInternals::tell_leave_listeners(*this, &detail::LeaveListener::loop_ending);
   try {
     LoopInternals::finish(*this);
   } catch (...) {}
@@ -175,11 +173,14 @@ void detail::LoopInternals::start(Loop& loop, Operation* op) {
 
 detail::LoopInternals::DriveGuard::~DriveGuard() {
   loop_.driving_ = false;
-  auto& listeners = loop_.leave_listeners_;
+  tell_leave_listeners(loop_, &LeaveListener::loop_left);
+}
+
+void detail::LoopInternals::tell_leave_listeners(Loop& loop, void (LeaveListener::*event)() noexcept) {
+  auto& listeners = loop.leave_listeners_;
   std::erase_if(listeners, [](const std::weak_ptr<LeaveListener>& l) { return l.expired(); });
-  // By index: a listener may add another (a pool made on the way) while it is told.
   for (std::size_t i = 0; i < listeners.size(); ++i)
-    if (std::shared_ptr<LeaveListener> listener = listeners[i].lock()) listener->loop_left();
+    if (std::shared_ptr<LeaveListener> listener = listeners[i].lock()) (listener.get()->*event)();
 }
 
 void detail::LoopInternals::add_leave_listener(Loop& loop, std::weak_ptr<LeaveListener> listener) {

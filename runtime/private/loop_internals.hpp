@@ -71,6 +71,10 @@ struct LoopInternals {
 
   // Turns until `done()`, waiting for posts (Loop::post) when nothing else is in flight.
   static void drive_until(Loop& loop, const std::function<bool()>& done);
+
+  // Calls `event` on each leave listener still alive, forgetting the dead ones. By index: a
+  // listener may add another (a pool made on the way) while it is told.
+  static void tell_leave_listeners(Loop& loop, void (LeaveListener::*event)() noexcept);
 };
 
 }  // namespace forkpool::detail
