@@ -136,8 +136,7 @@ bool Process::join(std::chrono::nanoseconds timeout) {
   if (deadline) left = *deadline - std::chrono::steady_clock::now();
   // The task's outcome comes first (a result before the worker exits, or its death); the pool
   // learns of it on its thread's loop, never on a thread that has none.
-  if (!outcome_() && !detail::thread_has_loop()) detail::refuse_wait_without_loop("forkpool::Process::join");
-  if (!detail::drive_loop_until(outcome_, left, "forkpool::Process::join")) return false;
+  if (!detail::drive_owners_loop_until(outcome_, left, "forkpool::Process::join")) return false;
   return detail::wait_for_fd(pidfd_.get(), POLLIN, deadline, "forkpool::Process::join");
 }
 

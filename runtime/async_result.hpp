@@ -236,8 +236,8 @@ class AsyncResult {
  private:
   bool wait_for(std::optional<std::chrono::nanoseconds> timeout) const {
     detail::ResultState<R>& waited = state();
-    if (!waited.ready() && !detail::thread_has_loop()) detail::refuse_wait_without_loop("forkpool::AsyncResult::wait");
-    return detail::drive_loop_until([&waited] { return waited.ready(); }, timeout, "forkpool::AsyncResult::wait");
+    return detail::drive_owners_loop_until([&waited] { return waited.ready(); }, timeout,
+                                           "forkpool::AsyncResult::wait");
   }
   template <bool Take>
   struct Awaiter {

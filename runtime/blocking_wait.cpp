@@ -33,6 +33,12 @@ bool drive_loop_until(const std::function<bool()>& ready, std::optional<std::chr
   return ready();
 }
 
+bool drive_owners_loop_until(const std::function<bool()>& ready, std::optional<std::chrono::nanoseconds> timeout,
+                             const char* who) {
+  if (!ready() && !thread_has_loop()) refuse_wait_without_loop(who);
+  return drive_loop_until(ready, timeout, who);
+}
+
 bool thread_has_loop() noexcept { return LoopInternals::existing() != nullptr; }
 
 void refuse_wait_without_loop(const char* who) {

@@ -12,6 +12,12 @@ namespace forkpool::detail {
 bool drive_loop_until(const std::function<bool()>& ready, std::optional<std::chrono::nanoseconds> timeout,
                       const char* who);
 
+// As drive_loop_until, for what only the loop of the thread that started it completes (a pool's
+// result, a process's outcome): on a thread that has no loop, a wait that is not already over is
+// refused (refuse_wait_without_loop) instead of lasting for ever.
+bool drive_owners_loop_until(const std::function<bool()>& ready, std::optional<std::chrono::nanoseconds> timeout,
+                             const char* who);
+
 // Whether the calling thread has a loop (it has made a pool, run a task, or waited on one).
 bool thread_has_loop() noexcept;
 // For a pool's result or stream, not ready, waited for on a thread that has no loop: its pool's
