@@ -2,8 +2,9 @@
 // as_completed(results): a Stream of the indices of `results`, each once, in the order the
 // results become ready (concurrent.futures.as_completed, by index).
 //
-// Call it on the thread of the pool(s) that made the results; next()'s awaiter resumes inside
-// the loop's turn that completed the result it names.
+// Call it, and take from the stream, on the thread of the pool(s) that made the results (elsewhere
+// std::logic_error); next()'s awaiter resumes inside the loop's turn that completed the result it
+// names.
 //
 //   std::vector<fp::AsyncResult<int>> results = ...;
 //   fp::Stream<std::size_t> done = fp::as_completed(results);
@@ -12,6 +13,9 @@
 #include <algorithm>
 #include <cstddef>
 #include <memory>
+#include <stdexcept>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include <forkpool/pool/internal/stream_state.hpp>
@@ -27,6 +31,13 @@ class CompletionOrder final : public StreamState<std::size_t> {
   explicit CompletionOrder(std::size_t count)
       : StreamState<std::size_t>(false, std::max<std::size_t>(count, 1)), count_(count) {}
   void completed(std::size_t index) { deliver(index, index); }
+  // The results' callbacks deliver on the thread that made it.
+  void check_consumer(const char* who) const override {
+    if (std::this_thread::get_id() != owner_)
+      throw std::logic_error(std::string("forkpool: ") + who +
+                             " of as_completed called from another thread: its results arrive on the thread "
+                             "that called as_completed; take them there, or hand the call to it with Loop::post");
+  }
 
  private:
   bool submit_chunk(std::size_t index) override {
@@ -35,6 +46,7 @@ class CompletionOrder final : public StreamState<std::size_t> {
     return true;
   }
   std::size_t count_;
+  std::thread::id owner_ = std::this_thread::get_id();
 };
 
 }  // namespace detail

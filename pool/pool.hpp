@@ -283,7 +283,7 @@ class Pool {
   template <bool Spread, class F, class Range>
   auto map_chunks(F f, Range&& inputs, std::size_t chunksize) {
     detail::check_sendable<F>();
-    core_->check_owner("Pool::map");
+    core_->check_owner(Spread ? "Pool::starmap" : "Pool::map");
     using Element = std::ranges::range_value_t<Range>;
     using W = detail::NonVoid<detail::CallResult<F, Element, Spread>>;
     if constexpr (!std::ranges::sized_range<Range> || !std::ranges::forward_range<Range>) {
@@ -317,7 +317,7 @@ class Pool {
   auto make_stream(F f, Range&& inputs, std::size_t chunksize, bool ordered, std::size_t window = 0,
                    bool bound_unconsumed = false) {
     detail::check_sendable<F>();
-    core_->check_owner("Pool::imap");
+    core_->check_owner(ordered ? "Pool::imap" : "Pool::imap_unordered");
     using Owned = decltype(detail::owned_input(std::forward<Range>(inputs)));
     using View = std::views::all_t<Owned>;
     using Element = std::ranges::range_value_t<View>;

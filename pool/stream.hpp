@@ -4,8 +4,9 @@
 // number of chunks in flight, so an endless input works and memory stays flat.
 //
 // Plain code iterates it with range-for (begin()/end() below). A Stream is used on the thread of
-// the pool that made it; next()'s awaiter resumes inside the
-// loop's turn that received the result it returns.
+// the pool that made it (next() elsewhere is std::logic_error: taking a result submits the next
+// chunks to the pool); next()'s awaiter resumes inside the loop's turn that received the result
+// it returns.
 
 #include <coroutine>
 #include <cstddef>
@@ -16,7 +17,6 @@
 #include <string>
 
 #include <forkpool/pool/internal/stream_state.hpp>
-#include <forkpool/runtime/internal/blocking_wait.hpp>
 #include <forkpool/runtime/internal/progress_line.hpp>
 #include <forkpool/runtime/internal/shared_handle.hpp>
 #include <forkpool/runtime/loop.hpp>
@@ -86,7 +86,10 @@ class [[nodiscard]] StreamNext {
     if (state_) state_->stop_waiting(&waiter_);
   }
 
-  bool await_ready() { return state_->try_next(waiter_.result); }
+  bool await_ready() {
+    state_->check_consumer("Stream::next");
+    return state_->try_next(waiter_.result);
+  }
   void await_suspend(std::coroutine_handle<> awaiter) noexcept {
     waiter_.handle = awaiter;
     state_->wait(&waiter_);
@@ -106,15 +109,10 @@ class [[nodiscard]] StreamNext {
   typename detail::StreamState<R>::Waiter waiter_;
 };
 
-// Runs the loop until the stream's next result (see run(Task)). On a thread that has no loop
-// (not the pool's), only a result already there is given; a wait is std::logic_error rather
-// than a wait for ever.
+// Runs the loop until the stream's next result (see run(Task)). On another thread than the
+// pool's, std::logic_error (Stream::next).
 template <class R>
 std::optional<R> run(StreamNext<R> next) {
-  if (!detail::thread_has_loop()) {
-    if (next.await_ready()) return next.await_resume();
-    detail::refuse_wait_without_loop("forkpool::run(Stream::next())");
-  }
   return run(Task<std::optional<R>>(std::move(next)));
 }
 

@@ -40,7 +40,7 @@ void report_callback_failure(const char* whose) noexcept;
 // Who can stop the work behind a result (a pool). Called on the thread that cancels.
 class Canceller {
  public:
-  // Throws std::logic_error when the calling thread may not cancel.
+  // Throws std::logic_error when the calling thread may not cancel (nor wait: check_waiter).
   virtual void check_cancel() const = 0;
   // Stops `work` (what set_canceller named), whose result has already failed.
   virtual void cancel_work(const void* work) = 0;
@@ -48,6 +48,12 @@ class Canceller {
  protected:
   ~Canceller() = default;
 };
+
+// A result not yet ready is completed on its pool's thread, by that loop alone: a wait on
+// another thread (or in a forked child) would last for ever, or resume its coroutine on the
+// wrong thread. std::logic_error naming `who` when `owner` (the result's pool) refuses the
+// calling thread.
+void check_waiter(const Canceller& owner, const char* who);
 
 template <class R>
 class ResultState : public std::enable_shared_from_this<ResultState<R>> {
@@ -95,6 +101,13 @@ class ResultState : public std::enable_shared_from_this<ResultState<R>> {
     canceller_.reset();
     set_error(std::make_exception_ptr(Cancelled()));
     if (owner) owner->cancel_work(cancel_work_);
+  }
+
+  // Unless the outcome is set: std::logic_error naming `who` when the calling thread is not its
+  // pool's (check_waiter). Before anything waits for it.
+  void check_waiter(const char* who) const {
+    if (ready()) return;
+    if (std::shared_ptr<Canceller> owner = canceller_.lock()) detail::check_waiter(*owner, who);
   }
 
   // Runs `callback` once the outcome is set (now, if it is).
@@ -178,8 +191,10 @@ class AsyncResult {
 
   // Runs `callback(*this)` on the loop's thread once the result is ready (now, if it is), as
   // concurrent.futures' add_done_callback. A callback that throws is reported on stderr and
-  // breaks nothing.
+  // breaks nothing. Until the result is ready, on the pool's thread only: elsewhere
+  // std::logic_error (hand the call to that thread with Loop::post).
   void add_done_callback(std::function<void(AsyncResult&)> callback) {
+    state().check_waiter("AsyncResult::add_done_callback");
     state().on_done([callback = std::move(callback)](std::shared_ptr<detail::ResultState<R>> state) {
       AsyncResult result(std::move(state));
       callback(result);
@@ -187,9 +202,11 @@ class AsyncResult {
   }
 
   // Inside a coroutine: true once the result is ready, false if `timeout` passes first. Resumes
-  // inline, inside the loop's turn that completed the result or fired the timer.
+  // inline, inside the loop's turn that completed the result or fired the timer. Until the
+  // result is ready, on the pool's thread only (std::logic_error elsewhere), as co_await.
   Task<bool> async_wait(std::chrono::nanoseconds timeout) const {
     if (ready()) co_return true;
+    state().check_waiter("AsyncResult::async_wait");
     auto stop = std::make_shared<std::stop_source>();
     state().stop_on_done(stop);
     std::stop_token token = stop->get_token();
@@ -224,18 +241,22 @@ class AsyncResult {
     if (!wait(timeout)) throw TimeoutError("forkpool: AsyncResult::get timed out");
     return state().take();
   }
-  // On another thread than the pool's, only a ready result can be waited for: where the thread
-  // has no loop at all, std::logic_error rather than a wait for ever.
+  // On another thread than the pool's (or in a forked child), only a ready result can be waited
+  // for: std::logic_error rather than a wait for ever, since only the pool's loop completes it.
   void wait() const { (void)wait_for(std::nullopt); }
   // True if the result became ready within `timeout`.
   bool wait(std::chrono::nanoseconds timeout) const { return wait_for(timeout); }
 
+  // Resumes inside the loop's turn that completed the result. Until the result is ready, on the
+  // pool's thread only: elsewhere the co_await throws std::logic_error (it would resume the
+  // coroutine on the pool's thread, or never).
   auto operator co_await() const& { return Awaiter<false>{state_.shared()}; }
   auto operator co_await() && { return Awaiter<true>{state_.take()}; }
 
  private:
   bool wait_for(std::optional<std::chrono::nanoseconds> timeout) const {
     detail::ResultState<R>& waited = state();
+    waited.check_waiter("AsyncResult::wait");
     return detail::drive_owners_loop_until([&waited] { return waited.ready(); }, timeout,
                                            "forkpool::AsyncResult::wait");
   }
@@ -243,7 +264,10 @@ class AsyncResult {
   struct Awaiter {
     std::shared_ptr<detail::ResultState<R>> state;
     bool await_ready() const noexcept { return state->ready(); }
-    void await_suspend(std::coroutine_handle<> h) { state->done().operator co_await().await_suspend(h); }
+    void await_suspend(std::coroutine_handle<> h) {
+      state->check_waiter("co_await AsyncResult");
+      state->done().operator co_await().await_suspend(h);
+    }
     R await_resume() {
       if constexpr (Take) {
         return state->take();

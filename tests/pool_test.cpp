@@ -14,6 +14,7 @@
 #include <limits>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <numeric>
 #include <optional>
@@ -30,6 +31,7 @@
 #include <forkpool/runtime/internal/io.hpp>
 #include <forkpool/ipc/internal/channel.hpp>
 #include <forkpool/ipc/private/link.hpp>
+#include <forkpool/pool/as_completed.hpp>
 #include <forkpool/pool/internal/task_message.hpp>
 #include <forkpool/pool/pool.hpp>
 #include <forkpool/pool/private/pool_internals.hpp>
@@ -840,6 +842,24 @@ TEST_P(PoolTest, UseFromAnotherThreadIsALogicErrorNamingTheRule) {
   std::string message = test_support::logic_error_on_another_thread([&] { pool.apply_async(square, 2); });
   EXPECT_NE(message.find("a Pool belongs to the thread that made it"), std::string::npos) << message;
   EXPECT_NE(message.find("Loop::post"), std::string::npos) << "the message names the way out: " << message;
+  // Each call names itself (starmap and imap_unordered said "Pool::map" and "Pool::imap").
+  std::vector<int> inputs{1, 2};
+  std::vector<std::pair<std::string, std::function<void()>>> calls{
+      {"Pool::map", [&] { pool.map_async(square, inputs); }},
+      {"Pool::starmap",
+       [&] {
+         pool.starmap_async(add, std::vector<std::tuple<int, int>>{{1, 2}});
+       }},
+      {"Pool::imap", [&] { pool.imap(square, inputs); }},
+      {"Pool::imap_unordered", [&] { pool.imap_unordered(square, inputs); }},
+      {"Pool::close", [&] { pool.close(); }},
+      {"Pool::terminate", [&] { pool.terminate(); }},
+      {"Pool::worker_pids", [&] { pool.worker_pids(); }},
+  };
+  for (auto& [name, call] : calls) {
+    std::string refusal = test_support::logic_error_on_another_thread(call);
+    EXPECT_NE(refusal.find("forkpool: " + name + " called from another thread"), std::string::npos) << refusal;
+  }
   EXPECT_EQ(pool.apply_async(square, 3).get(), 9);  // and it still serves its own thread
 }
 
@@ -857,34 +877,69 @@ TEST_P(PoolTest, APoolDestroyedOnAnotherThreadHandsItsShutdownToItsOwnThreadWith
   test_support::expect_ended_well(status, "hung: ~Pool on another thread waited for ever");
 }
 
-TEST_P(PoolTest, AWaitOnAThreadWithoutALoopIsALogicErrorUntilTheResultIsThere) {
-  // (get() and a stream's range-for on a plain std::thread waited for ever: the pool's loop, on
-  // the thread waiting for that one, never turned.)
+TEST_P(PoolTest, AResultNotYetReadyIsWaitedForOnItsPoolsThreadAloneAndAReadyOneAnywhere) {
+  // (get() on a plain std::thread waited for ever, and on a thread with a loop of its own drove
+  // that loop, which the result never reaches; a co_await there resumed its coroutine on the
+  // pool's thread, or never.)
   int status = test_support::run_in_child_within(20s, [&] {
     Pool pool(options());
     AsyncResult<int> pending = pool.apply_async(sleep_ms, 100);
-    Stream<int> stream = pool.imap(sleep_ms, std::vector<int>{100});
-    std::string get_refusal = test_support::logic_error_on_another_thread([&] { pending.get(); });
-    std::string next_refusal = test_support::logic_error_on_another_thread([&] {
-      for (int value : stream) (void)value;
+    const std::string rule = " called on another thread (or process) than its pool's, before the result is ready";
+    auto refused = [&](const std::string& call, auto use) {
+      std::string message = test_support::logic_error_on_another_thread(use);
+      EXPECT_NE(message.find(call + rule), std::string::npos) << message;
+      EXPECT_NE(message.find("Loop::post"), std::string::npos) << "the message names the way out: " << message;
+    };
+    refused("AsyncResult::wait", [&] { pending.get(); });
+    refused("AsyncResult::wait", [&] {
+      run(sleep_for(1ms));  // this thread now has a loop of its own
+      pending.wait(5s);
     });
-    EXPECT_NE(get_refusal.find("AsyncResult::wait called on a thread that has no forkpool loop"), std::string::npos)
-        << get_refusal;
-    EXPECT_NE(next_refusal.find("run(Stream::next()) called on a thread that has no forkpool loop"), std::string::npos)
-        << next_refusal;
-    // Refused, nothing was lost: once the pool's loop has delivered them, any thread takes them.
+    refused("co_await AsyncResult", [&] { run([&]() -> Task<int> { co_return co_await pending; }()); });
+    refused("AsyncResult::async_wait", [&] { run(pending.async_wait(5s)); });
+    refused("AsyncResult::add_done_callback", [&] { pending.add_done_callback([](AsyncResult<int>&) {}); });
+    // Refused, nothing was lost: once the pool's loop has delivered it, any thread reads it.
     ASSERT_TRUE(pending.wait(10s));
-    run(sleep_for(300ms));  // the pool's loop turns: the stream's result arrives too
     int got = 0;
-    std::optional<int> streamed;
+    bool ready_there = false;
     std::thread([&] {
+      ready_there = run(pending.async_wait(1s));
       got = pending.get();
-      streamed = run(stream.next());
     }).join();
+    EXPECT_TRUE(ready_there);
     EXPECT_EQ(got, 100);
-    EXPECT_EQ(streamed, 100);
   });
-  test_support::expect_ended_well(status, "hung: a wait on a thread without a loop");
+  test_support::expect_ended_well(status, "hung: a wait on another thread than the pool's");
+}
+
+TEST_P(PoolTest, AStreamIsUsedOnItsPoolsThreadAloneAlsoWhenItsResultIsThere) {
+  // (A stream's next() on another thread took a result that was there, and submitted the next
+  // chunks to the pool from that thread, beside the pool's own: a data race; one not there
+  // waited for ever.)
+  int status = test_support::run_in_child_within(20s, [&] {
+    Pool pool(options());
+    Stream<int> stream = pool.imap(sleep_ms, std::vector<int>{100, 1, 2});
+    std::vector<AsyncResult<int>> results{pool.apply_async(sleep_ms, 50)};
+    Stream<std::size_t> completed = as_completed(results);
+    for (bool arrived : {false, true}) {
+      if (arrived) run(sleep_for(300ms));  // the pool's loop turns: the results arrive
+      std::string blocking = test_support::logic_error_on_another_thread([&] {
+        for (int value : stream) (void)value;
+      });
+      EXPECT_NE(blocking.find("Stream::next called from another thread"), std::string::npos) << blocking;
+      std::string awaited = test_support::logic_error_on_another_thread(
+          [&] { run([&]() -> Task<void> { (void)co_await stream.next(); }()); });
+      EXPECT_NE(awaited.find("Stream::next called from another thread"), std::string::npos) << awaited;
+      std::string order = test_support::logic_error_on_another_thread([&] { (void)run(completed.next()); });
+      EXPECT_NE(order.find("Stream::next of as_completed called from another thread"), std::string::npos) << order;
+    }
+    // Nothing was taken or lost: the pool's thread reads every result.
+    std::vector<int> got;
+    for (int value : stream) got.push_back(value);
+    EXPECT_EQ(got, (std::vector<int>{100, 1, 2}));
+    EXPECT_EQ(run(completed.next()), std::optional<std::size_t>(0));
+  });
+  test_support::expect_ended_well(status, "hung: a stream read on another thread");
 }
 
 TEST_P(PoolTest, APoolWhoseThreadExitsHasItsWorkersEndedWithThatThreadsLoop) {

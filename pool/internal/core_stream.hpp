@@ -25,6 +25,7 @@ class CoreStream : public StreamState<R> {
 
   void hold_submits() override { core_->hold_sends(); }
   void release_submits() override { core_->release_sends(); }
+  void check_consumer(const char* who) const override { core_->check_owner(who); }
 
  protected:
   PoolCore& core() const { return *core_; }

@@ -54,6 +54,9 @@ class StreamState : public JobSink, public std::enable_shared_from_this<StreamSt
   // Around submitting a window's chunks: a pool sends them as one batch.
   virtual void hold_submits() {}
   virtual void release_submits() {}
+  // std::logic_error naming `who` when the calling thread may not take results (a pool's stream
+  // belongs to the pool's thread: taking one submits the next chunks to the pool).
+  virtual void check_consumer(const char* /*who*/) const {}
 
   // One next() that waits: the coroutine to resume, and what it is answered with.
   struct Waiter {
