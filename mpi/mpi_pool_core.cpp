@@ -353,6 +353,12 @@ int MpiPoolCore::processes() const noexcept {
 std::vector<pid_t> MpiPoolCore::worker_pids() const { return local_->worker_pids(); }
 
 void MpiPoolCore::shut_down() {
+  if (!on_owner_thread()) {
+    // ~Pool on another thread: telling the nodes, failing the pending work and stopping the
+    // local workers are the pool's thread's (its MPI calls and its coroutines).
+    forkpool::detail::post_shut_down_to_owner(*local_, [self = shared_from_this()] { self->shut_down(); });
+    return;
+  }
   terminate();
   local_->shut_down();
 }

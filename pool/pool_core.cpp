@@ -192,8 +192,9 @@ class PoolCoreImpl final : public PoolCore,
   // loop_mutex_, which a shut_down on another thread takes too.
   std::mutex loop_mutex_;
   bool loop_ended_ = false;
-  // The shutdown, when ~Pool runs on another thread than the pool's (see shut_down).
-  void hand_shut_down_to_owner() noexcept;
+  // Runs `shutdown` at the next turn of loop_, unless loop_ has ended (post_shut_down_to_owner).
+  void post_to_own_loop(std::function<void()> shutdown) noexcept;
+  friend void post_shut_down_to_owner(PoolCore& local, std::function<void()> shutdown) noexcept;
   // run() and ~Loop wait for the workers' reaping before they return.
   void finish_reaping_before_return();
   PoolOptions options_;
@@ -719,7 +720,7 @@ Task<void> PoolCoreImpl::join() {
 }
 
 void PoolCoreImpl::shut_down() {
-  if (!on_owner_thread()) return hand_shut_down_to_owner();
+  if (!on_owner_thread()) return post_to_own_loop([self = shared_from_this()] { self->shut_down(); });
   terminate();
   if (LoopInternals::driving(loop_)) {
     finish_reaping_before_return();  // inside a coroutine or a callback
@@ -738,14 +739,18 @@ void PoolCoreImpl::finish_reaping_before_return() {
 // is posted there and runs at that loop's next turn. Not waited for: the pool's thread may be
 // the one waiting for this one (a join), and would never turn. If its loop has ended, the
 // workers ended with it (loop_ending).
-void PoolCoreImpl::hand_shut_down_to_owner() noexcept {
+void PoolCoreImpl::post_to_own_loop(std::function<void()> shutdown) noexcept {
   std::lock_guard held(loop_mutex_);
   if (loop_ended_) return;
   try {
-    loop_.post([self = shared_from_this()] { self->shut_down(); });
+    loop_.post(std::move(shutdown));
   } catch (...) {
     // (Out of memory.) The workers end with the pool's thread's loop, or with this process.
   }
+}
+
+void post_shut_down_to_owner(PoolCore& local, std::function<void()> shutdown) noexcept {
+  static_cast<PoolCoreImpl&>(local).post_to_own_loop(std::move(shutdown));
 }
 
 // The pool's thread exits with the pool alive (held elsewhere): its workers are stopped and

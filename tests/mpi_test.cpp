@@ -139,10 +139,12 @@ TEST_F(MpiTest, ATensorCrossesNodesByteIdentical) {
 
 TEST_F(MpiTest, OnOneNodeATensorArrivesAsTheSameMemory) { expect_all_ok(run_job("tensors", false)); }
 
-TEST_F(MpiTest, CancelTimeoutsTerminateAndJoinWorkOnEveryNode) {
+TEST_F(MpiTest, CancelTimeoutsTerminateAndJoinWorkOnEveryNodeAndAPoolDestroyedOnAnotherThreadShutsDownOnItsOwn) {
   Outcome outcome = run_job("control", true);
   expect_all_ok(outcome);
   EXPECT_NE(outcome.output.find("ok cancel() stops a task on every node (3)"), std::string::npos) << outcome.output;
+  EXPECT_NE(outcome.output.find("ok a Pool destroyed on another thread is shut down on its own"), std::string::npos)
+      << outcome.output;
 }
 
 TEST_F(MpiTest, AWorkerKilledUnderARankIsWorkerLostOrARetryAndTheJobGoesOn) {

@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -79,5 +80,11 @@ class PoolCore : public Canceller {
   std::thread::id owner_thread_;
   pid_t owner_pid_;
 };
+
+// For a shut_down() on another thread than the pool's: runs `shutdown` on the thread that made
+// `local` (a core PoolCore::create made) at its loop's next turn, not waited for; dropped if that
+// thread's loop has ended (its workers ended with it). Any thread. mpi::Pool's core hands its
+// whole shutdown over with it: the nodes are told on the pool's thread (MPI_THREAD_FUNNELED).
+void post_shut_down_to_owner(PoolCore& local, std::function<void()> shutdown) noexcept;
 
 }  // namespace forkpool::detail

@@ -255,6 +255,28 @@ void control() {
   fp::run(pool.join());
   check(Clock::now() - start < std::chrono::seconds(20),
         "join() after terminate() returns once every node has stopped");
+
+  // ~Pool on another thread hands the shutdown to the pool's thread (the nodes are told there:
+  // MPI_THREAD_FUNNELED), where it runs at the loop's next turn: the pending work fails there.
+  // (It ran on the destroying thread, and the work's done-callback with it.)
+  auto doomed = std::make_unique<fp::mpi::Pool>(fp::PoolOptions{.processes = 1});
+  auto pending_there = doomed->map_async(sleep_ms, std::vector<int>(2 * fp::mpi::node_count(), 20000), 1);
+  (void)pending_there.wait(std::chrono::milliseconds(300));  // they reach their nodes' workers
+  std::thread::id failed_on;
+  pending_there.add_done_callback([&](auto&) { failed_on = std::this_thread::get_id(); });
+  std::thread([&] { doomed.reset(); }).join();
+  bool terminated_here = false;
+  try {
+    (void)pending_there.get(std::chrono::seconds(10));
+  } catch (const fp::PoolTerminated&) {
+    terminated_here = true;
+  }
+  check(terminated_here && failed_on == std::this_thread::get_id(),
+        "a Pool destroyed on another thread is shut down on its own: its work fails there");
+  fp::mpi::Pool next({.processes = 1});
+  auto next_ranks = next.map_async(rank_of, ints(60), 1).get(std::chrono::seconds(20));
+  check(std::set<int>(next_ranks.begin(), next_ranks.end()).size() == static_cast<std::size_t>(fp::mpi::node_count()),
+        "every node serves the next pool");
 }
 
 }  // namespace
