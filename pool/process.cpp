@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include <forkpool/sync/private/waits.hpp>
+#include <forkpool/pool/private/pool_internals.hpp>
 #include <forkpool/pool/worker_info.hpp>
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/internal/blocking_wait.hpp>
@@ -83,7 +84,7 @@ Process::~Process() {
       try {
         join();
       } catch (...) {
-        kill();  // joining was refused (inside a coroutine on this loop, or a thread without one): as a daemon
+        kill();  // joining was refused (inside a coroutine on this loop, or on another thread): as a daemon
       }
     }
   }
@@ -134,13 +135,29 @@ bool Process::join(std::chrono::nanoseconds timeout) {
   detail::Deadline deadline = detail::deadline_unless_forever(timeout);
   std::optional<std::chrono::nanoseconds> left;
   if (deadline) left = *deadline - std::chrono::steady_clock::now();
-  // The task's outcome comes first (a result before the worker exits, or its death); the pool
-  // learns of it on its thread's loop, never on a thread that has none.
-  if (!detail::drive_owners_loop_until(outcome_, left, "forkpool::Process::join")) return false;
+  // The task's outcome comes first (a result before the worker exits, or its death).
+  check_joiner("Process::join");
+  if (!detail::drive_loop_until(outcome_, left, "forkpool::Process::join")) return false;
   return detail::wait_for_fd(pidfd_.get(), POLLIN, deadline, "forkpool::Process::join");
 }
 
+// The pool learns of the task's outcome on its thread's loop alone: another thread's wait
+// would last for ever (or resume its coroutine on the starting thread).
+void Process::check_joiner(const char* who) const {
+  const detail::PoolCore& core = detail::PoolInternals::core(*pool_);
+  if (outcome_() || (core.on_owner_thread() && core.in_owner_process())) return;
+  throw std::logic_error(std::string("forkpool: ") + who +
+                         " called on another thread than the one that started the process, before it ended: its "
+                         "exit code reaches that thread's loop alone; join it there, or watch is_alive() or "
+                         "sentinel() here");
+}
+
 Task<int> Process::async_join() {
+  if (!pidfd_) {  // closed (it had ended), as join()
+    if (!closed_exit_code_) throw std::logic_error("forkpool: Process used after it was moved from");
+    co_return *closed_exit_code_;
+  }
+  check_joiner("Process::async_join");
   co_await wait_();
   co_await detail::wait_process_exit(pidfd_.get());
   co_return *exit_code_from_result();

@@ -35,8 +35,8 @@ struct ProcessOptions {
   // A daemon process is ended when its parent exits, and when its Process handle is destroyed
   // while it runs. false: the handle's destructor waits for it to end, as Python waits for
   // non-daemon processes at exit (where a join is refused, inside a coroutine on the loop or on
-  // a thread without one, it is ended as a daemon). (Unlike Python's, forkpool's default is true: a destructor
-  // that may wait for ever is the riskier default in C++.)
+  // another thread than the starting one, it is ended as a daemon). (Unlike Python's, forkpool's default is true: a
+  // destructor that may wait for ever is the riskier default in C++.)
   bool daemon = true;
 };
 
@@ -62,10 +62,11 @@ class Process {
   // std::logic_error while it runs.
   void close();
   // True once it has ended (and its exit code is known); false if `timeout` passes first. The
-  // exit code reaches the loop of the thread that started the process: on a thread that has no
-  // loop, joining a process that has not ended is std::logic_error (it would wait for ever).
+  // exit code reaches the loop of the thread that started the process: on another thread,
+  // joining a process that has not ended is std::logic_error (it would wait for ever).
   bool join(std::chrono::nanoseconds timeout = std::chrono::nanoseconds::max());
-  // On the calling thread's loop: its exit code, once it has ended.
+  // On the calling thread's loop: its exit code, once it has ended. As join(), on the starting
+  // thread only until then (std::logic_error elsewhere).
   Task<int> async_join();
 
   // For start_process: runs `submit(pool)` on a pool whose one worker is the new process.
@@ -98,6 +99,8 @@ class Process {
   bool daemon_ = true;
   std::optional<int> closed_exit_code_;  // after close()
   std::optional<int> exit_code_from_result() const;
+  // std::logic_error naming `who` unless the process has ended or this is its starting thread.
+  void check_joiner(const char* who) const;
 
   std::unique_ptr<Pool> pool_;
   pid_t pid_ = -1;

@@ -178,21 +178,38 @@ TEST_P(ProcessTest, AssigningOverANonDaemonProcessWaitsForItToFinish) {
   EXPECT_TRUE(p.join(10s));
 }
 
-TEST_P(ProcessTest, AJoinOnAThreadWithoutALoopIsALogicErrorUntilTheProcessHasEnded) {
-  // (It waited for ever: the exit code reaches only the starting thread's loop.)
+TEST_P(ProcessTest, AJoinOnAnotherThreadIsALogicErrorUntilTheProcessHasEnded) {
+  // (It waited for ever: the exit code reaches only the starting thread's loop. A thread with a
+  // loop of its own drove that one.)
   int status = test_support::run_in_child_within(20s, [&] {
     Queue<int> q;
     Process p = start_process(options(), sleep_then_put, q, 1);
-    std::string refusal = test_support::logic_error_on_another_thread([&] { p.join(); });
-    EXPECT_NE(refusal.find("Process::join called on a thread that has no forkpool loop"), std::string::npos) << refusal;
+    const std::string rule = " called on another thread than the one that started the process, before it ended";
+    std::string plain = test_support::logic_error_on_another_thread([&] { p.join(); });
+    EXPECT_NE(plain.find("Process::join" + rule), std::string::npos) << plain;
+    std::string with_a_loop = test_support::logic_error_on_another_thread([&] {
+      run(sleep_for(1ms));  // this thread now has a loop of its own
+      p.join(5s);
+    });
+    EXPECT_NE(with_a_loop.find("Process::join" + rule), std::string::npos) << with_a_loop;
+    std::string awaited = test_support::logic_error_on_another_thread([&] { run(p.async_join()); });
+    EXPECT_NE(awaited.find("Process::async_join" + rule), std::string::npos) << awaited;
     EXPECT_EQ(test_support::get_within(q), 1);
     EXPECT_TRUE(p.join(10s));
     bool joined = false;
-    std::thread([&] { joined = p.join(); }).join();  // ended: any thread may join it
+    int code = -1;
+    std::thread([&] {  // ended: any thread may join it
+      joined = p.join();
+      code = run(p.async_join());
+    })
+        .join();
     EXPECT_TRUE(joined);
+    EXPECT_EQ(code, 0);
     EXPECT_EQ(p.exitcode(), std::optional<int>(0));
+    p.close();
+    EXPECT_EQ(run(p.async_join()), 0);  // closed: as join(), at once (it threw std::bad_function_call)
   });
-  test_support::expect_ended_well(status, "hung: a join on a thread without a loop");
+  test_support::expect_ended_well(status, "hung: a join on another thread");
 }
 
 TEST_P(ProcessTest, AnExceptionEscapingTheFunctionIsExitCodeOne) {

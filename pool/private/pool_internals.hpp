@@ -1,5 +1,6 @@
 #pragma once
-// What tests and diagnostics read of a Pool beyond its public face. Not installed.
+// What tests, diagnostics and Process (its pool's owner) read of a Pool beyond its public face.
+// Not installed.
 
 #include <forkpool/pool/internal/pool_core.hpp>
 #include <forkpool/pool/pool.hpp>
