@@ -250,8 +250,15 @@ class AsyncResult {
   // Resumes inside the loop's turn that completed the result. Until the result is ready, on the
   // pool's thread only: elsewhere the co_await throws std::logic_error (it would resume the
   // coroutine on the pool's thread, or never).
-  auto operator co_await() const& { return Awaiter<false>{state_.shared()}; }
-  auto operator co_await() && { return Awaiter<true>{state_.take()}; }
+  // (Checked before the state is taken: a refused co_await leaves the handle as it was.)
+  auto operator co_await() const& {
+    state().check_waiter("co_await AsyncResult");
+    return Awaiter<false>{state_.shared()};
+  }
+  auto operator co_await() && {
+    state().check_waiter("co_await AsyncResult");
+    return Awaiter<true>{state_.take()};
+  }
 
  private:
   bool wait_for(std::optional<std::chrono::nanoseconds> timeout) const {
@@ -264,10 +271,7 @@ class AsyncResult {
   struct Awaiter {
     std::shared_ptr<detail::ResultState<R>> state;
     bool await_ready() const noexcept { return state->ready(); }
-    void await_suspend(std::coroutine_handle<> h) {
-      state->check_waiter("co_await AsyncResult");
-      state->done().operator co_await().await_suspend(h);
-    }
+    void await_suspend(std::coroutine_handle<> h) { state->done().operator co_await().await_suspend(h); }
     R await_resume() {
       if constexpr (Take) {
         return state->take();

@@ -896,9 +896,11 @@ TEST_P(PoolTest, AResultNotYetReadyIsWaitedForOnItsPoolsThreadAloneAndAReadyOneA
       pending.wait(5s);
     });
     refused("co_await AsyncResult", [&] { run([&]() -> Task<int> { co_return co_await pending; }()); });
+    refused("co_await AsyncResult", [&] { run([&]() -> Task<int> { co_return co_await std::move(pending); }()); });
     refused("AsyncResult::async_wait", [&] { run(pending.async_wait(5s)); });
     refused("AsyncResult::add_done_callback", [&] { pending.add_done_callback([](AsyncResult<int>&) {}); });
-    // Refused, nothing was lost: once the pool's loop has delivered it, any thread reads it.
+    // Refused, nothing was lost (the moved-from co_await left the handle whole): once the pool's
+    // loop has delivered it, any thread reads it.
     ASSERT_TRUE(pending.wait(10s));
     int got = 0;
     bool ready_there = false;
