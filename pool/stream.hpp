@@ -88,6 +88,9 @@ class [[nodiscard]] StreamNext {
 
   bool await_ready() {
     state_->check_consumer("Stream::next");
+    // Behind the next()s already waiting (consumers sharing the stream): a consumer that was
+    // answered took the results that arrived while it ran, and the others got none.
+    if (state_->has_waiters()) return false;
     return state_->try_next(waiter_.result);
   }
   void await_suspend(std::coroutine_handle<> awaiter) noexcept {

@@ -92,6 +92,8 @@ class StreamState : public JobSink, public std::enable_shared_from_this<StreamSt
       return false;
     }
   }
+  // Whether next()s are waiting: a new one goes behind them (answered in the order asked).
+  bool has_waiters() const noexcept { return first_waiter_ != nullptr; }
   // `waiter` is answered and resumed from the arrival that lets try_next() answer it. Several
   // next()s may wait at once (consumers sharing the stream): they are answered in turn.
   void wait(Waiter* waiter) noexcept {
