@@ -56,21 +56,16 @@ std::optional<std::chrono::nanoseconds> spin_arg(long arg) {
 // where the scheduler puts them; 2: adaptive, one worker on CPU 1 and the parent on CPU 0 (as
 // BM_RawSpinThenFutexPingPong/1: every message crosses CPUs).
 void BM_ApplyAsyncRoundTripSpin(benchmark::State& state) {
-  bool apart = state.range(0) == 2 && sysconf(_SC_NPROCESSORS_ONLN) >= 2;
+  PinnedApart apart(state.range(0) == 2);
   fp::PoolOptions options{.processes = apart ? 1 : 2};
   options.spin = spin_arg(state.range(0));
-  cpu_set_t before;
-  if (apart) {
-    options.initializer = pin_worker_to_cpu_1;
-    before = pin_to_cpu(0);
-  }
+  if (apart) options.initializer = pin_worker_to_cpu_1;
   fp::Pool pool(options);
   auto body = [&]() -> fp::Task<void> {
     for (int i = 0; i < 200; ++i) co_await pool.apply_async(ident, i);
     for (auto _ : state) benchmark::DoNotOptimize(co_await pool.apply_async(ident, 1));
   };
   fp::run(body());
-  if (apart) sched_setaffinity(0, sizeof before, &before);
   state.SetItemsProcessed(state.iterations());
 }
 BENCHMARK(BM_ApplyAsyncRoundTripSpin)->Arg(0)->Arg(1)->Arg(2)->UseRealTime();

@@ -63,13 +63,31 @@ inline cpu_set_t pin_to_cpu(int cpu) {
 // A pool's initializer: its workers on CPU 1 (with the parent pinned to CPU 0: apart).
 inline void pin_worker_to_cpu_1() { pin_to_cpu(1); }
 
-// The parent and a forked child over a blocking SOCK_SEQPACKET socketpair. `apart`: the parent on
+// While it lives, when `wanted` and the machine has a second CPU: the calling process on CPU 0
+// (the other side pins itself to CPU 1), so every message crosses CPUs. Otherwise nothing: both
+// where the scheduler puts them.
+class PinnedApart {
+ public:
+  explicit PinnedApart(bool wanted) : apart_(wanted && sysconf(_SC_NPROCESSORS_ONLN) >= 2) {
+    if (apart_) before_ = pin_to_cpu(0);
+  }
+  ~PinnedApart() {
+    if (apart_) sched_setaffinity(0, sizeof before_, &before_);
+  }
+  PinnedApart(const PinnedApart&) = delete;
+  PinnedApart& operator=(const PinnedApart&) = delete;
+  explicit operator bool() const { return apart_; }
+
+ private:
+  bool apart_;
+  cpu_set_t before_{};
+};
+
+// The parent and a forked child over a blocking SOCK_SEQPACKET socketpair. `wanted_apart`: the parent on
 // CPU 0 and the child on CPU 1, so every wake-up crosses CPUs (../shared/anchors/latency's
 // socket_seqpacket_cross); otherwise where the scheduler puts them, which flips between the two.
-inline void socketpair_pingpong(benchmark::State& state, bool apart) {
-  apart = apart && sysconf(_SC_NPROCESSORS_ONLN) >= 2;
-  cpu_set_t before;
-  if (apart) before = pin_to_cpu(0);
+inline void socketpair_pingpong(benchmark::State& state, bool wanted_apart) {
+  PinnedApart apart(wanted_apart);
   int sv[2];
   socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv);
   pid_t pid = fork();
@@ -87,7 +105,6 @@ inline void socketpair_pingpong(benchmark::State& state, bool apart) {
   }
   close(sv[0]);
   waitpid(pid, nullptr, 0);
-  if (apart) sched_setaffinity(0, sizeof before, &before);
   state.SetItemsProcessed(state.iterations());
 }
 inline void BM_RawSocketpairPingPong64B(benchmark::State& state) { socketpair_pingpong(state, false); }
@@ -102,9 +119,7 @@ inline void BM_RawSpinThenFutexPingPong(benchmark::State& state) {
   Turn* ping = new (page) Turn;
   Turn* pong = new (static_cast<char*>(page) + sizeof(Turn)) Turn;
   constexpr std::uint32_t kStop = ~std::uint32_t{0};
-  bool apart = state.range(0) == 1 && sysconf(_SC_NPROCESSORS_ONLN) >= 2;
-  cpu_set_t before;
-  if (apart) before = pin_to_cpu(0);
+  PinnedApart apart(state.range(0) == 1);
   pid_t pid = fork();
   if (pid == 0) {
     if (apart) pin_to_cpu(1);
@@ -124,6 +139,5 @@ inline void BM_RawSpinThenFutexPingPong(benchmark::State& state) {
   kill(pid, SIGKILL);
   waitpid(pid, nullptr, 0);
   munmap(page, 2 * sizeof(Turn));
-  if (apart) sched_setaffinity(0, sizeof before, &before);
   state.SetItemsProcessed(state.iterations());
 }

@@ -7,10 +7,12 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <optional>
 #include <ranges>
 #include <string>
+#include <vector>
 
 #include <forkpool/forkpool.hpp>
 #include <forkpool/shm/internal/block_table.hpp>
@@ -21,6 +23,8 @@
 namespace fp = forkpool;
 
 namespace {
+
+using Clock = std::chrono::steady_clock;
 
 at::Tensor touch_ends(at::Tensor t) {
   auto* bytes = static_cast<std::uint8_t*>(t.data_ptr());
@@ -41,13 +45,9 @@ fp::Tensor touch_ends_fp(fp::Tensor t) {
 // Arg 0: bytes; arg 1: 1 torch::Tensor, 0 fp::Tensor; arg 2: 1 the parent on CPU 0 and the worker
 // on CPU 1 (both runs placed alike), 0 where the scheduler puts them (each run its own way).
 void BM_TorchTensorRoundTrip(benchmark::State& state) {
-  bool apart = state.range(2) != 0 && sysconf(_SC_NPROCESSORS_ONLN) >= 2;
+  PinnedApart apart(state.range(2) != 0);
   fp::PoolOptions options{.processes = 1};
-  cpu_set_t before;
-  if (apart) {
-    options.initializer = pin_worker_to_cpu_1;
-    before = pin_to_cpu(0);
-  }
+  if (apart) options.initializer = pin_worker_to_cpu_1;
   fp::Pool pool(options);
   std::int64_t floats = state.range(0) / 4;
   bool torch_tensor = state.range(1) != 0;
@@ -64,7 +64,6 @@ void BM_TorchTensorRoundTrip(benchmark::State& state) {
     }
   };
   fp::run(body());
-  if (apart) sched_setaffinity(0, sizeof before, &before);
   state.SetLabel(std::to_string(state.range(0) >> 10) + " KiB " + (torch_tensor ? "torch::Tensor" : "fp::Tensor") +
                  (apart ? ", pinned apart" : ""));
 }
@@ -73,14 +72,18 @@ BENCHMARK(BM_TorchTensorRoundTrip)->ArgsProduct({{4 << 10, 1 << 20}, {1, 0}, {0,
 // The same two round trips, alternated in one pool and each timed, so that both have the same
 // worker on the same CPU in the same moment: the ratio BM_TorchTensorRoundTrip's two separate
 // runs give swings with where the scheduler put each run's worker (0.99x to 1.47x seen in one
-// run of both). Which goes first alternates too. Counters: ns per round trip of each, and the ratio.
+// run of both). Which goes first alternates too. Arg 0: bytes; arg 1: 1 the parent on CPU 0 and
+// the worker on CPU 1, 0 where the scheduler puts them. Counters: ns per round trip of each (the
+// mean, and the median), and the two ratios.
 void BM_TorchOverFpRoundTrip(benchmark::State& state) {
-  fp::Pool pool({.processes = 1});
+  PinnedApart apart(state.range(1) != 0);
+  fp::PoolOptions options{.processes = 1};
+  if (apart) options.initializer = pin_worker_to_cpu_1;
+  fp::Pool pool(options);
   std::int64_t floats = state.range(0) / 4;
   at::Tensor t = fp::torch::zeros({floats}, at::kFloat);
   fp::Tensor f = fp::Tensor::zeros({floats}, fp::DType::f32);
-  using Clock = std::chrono::steady_clock;
-  Clock::duration torch_time{}, fp_time{};
+  std::vector<Clock::duration> torch_trips, fp_trips;
   auto body = [&]() -> fp::Task<void> {
     co_await pool.apply_async(touch_ends, t);
     co_await pool.apply_async(touch_ends_fp, f);
@@ -90,26 +93,44 @@ void BM_TorchOverFpRoundTrip(benchmark::State& state) {
         Clock::time_point start = Clock::now();
         if ((turn == 0) == torch_first) {
           benchmark::DoNotOptimize((co_await pool.apply_async(touch_ends, t)).data_ptr());
-          torch_time += Clock::now() - start;
+          torch_trips.push_back(Clock::now() - start);
         } else {
           benchmark::DoNotOptimize((co_await pool.apply_async(touch_ends_fp, f)).raw_data());
-          fp_time += Clock::now() - start;
+          fp_trips.push_back(Clock::now() - start);
         }
       }
       torch_first = !torch_first;
     }
   };
   fp::run(body());
-  auto per_trip = [&](Clock::duration d) {
-    return static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count()) /
-           static_cast<double>(std::max<benchmark::IterationCount>(state.iterations(), 1));
+  // The mean, and the median: a trip whose answer outlasts the spin sleeps, and a few such trips
+  // move the mean far more than the median.
+  auto ns = [](Clock::duration d) {
+    return static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count());
   };
-  state.counters["torch_ns"] = per_trip(torch_time);
-  state.counters["fp_ns"] = per_trip(fp_time);
-  state.counters["torch_over_fp"] = fp_time.count() > 0 ? per_trip(torch_time) / per_trip(fp_time) : 0.0;
-  state.SetLabel(std::to_string(state.range(0) >> 10) + " KiB, alternated in one pool");
+  auto mean = [&](const std::vector<Clock::duration>& trips) {
+    Clock::duration sum{};
+    for (Clock::duration d : trips) sum += d;
+    return trips.empty() ? 0.0 : ns(sum) / static_cast<double>(trips.size());
+  };
+  auto median = [&](std::vector<Clock::duration> trips) {
+    if (trips.empty()) return 0.0;
+    auto middle = trips.begin() + static_cast<std::ptrdiff_t>(trips.size() / 2);
+    std::nth_element(trips.begin(), middle, trips.end());
+    return ns(*middle);
+  };
+  double torch_mean = mean(torch_trips), fp_mean = mean(fp_trips);
+  double torch_median = median(torch_trips), fp_median = median(fp_trips);
+  state.counters["torch_ns"] = torch_mean;
+  state.counters["fp_ns"] = fp_mean;
+  state.counters["torch_over_fp"] = fp_mean > 0 ? torch_mean / fp_mean : 0.0;
+  state.counters["torch_median_ns"] = torch_median;
+  state.counters["fp_median_ns"] = fp_median;
+  state.counters["medians_torch_over_fp"] = fp_median > 0 ? torch_median / fp_median : 0.0;
+  state.SetLabel(std::to_string(state.range(0) >> 10) + " KiB, alternated in one pool" +
+                 (apart ? ", pinned apart" : ""));
 }
-BENCHMARK(BM_TorchOverFpRoundTrip)->Arg(4 << 10)->Arg(1 << 20)->UseRealTime();
+BENCHMARK(BM_TorchOverFpRoundTrip)->ArgsProduct({{4 << 10, 1 << 20}, {0, 1}})->UseRealTime();
 
 // One side's share of a round trip, without the trip: a tensor decoded over a block of shared
 // memory and dropped, as a message brings it and the code after the task drops it. Arg 0: a
@@ -188,6 +209,71 @@ void BM_RoundTripWorkWithoutTheTrip(benchmark::State& state) {
   state.SetLabel(state.range(0) == 0 ? "forkpool::Tensor" : "torch::Tensor");
 }
 BENCHMARK(BM_RoundTripWorkWithoutTheTrip)->DenseRange(0, 1);
+
+// The same work with the caches cold, each step timed alone after 1 MiB of other memory was read
+// (as in a real trip, where the loop, the rings and the other process run between the steps).
+// Counters: ns per trip of each step, for torch::Tensor (torch_*) and forkpool::Tensor (fp_*):
+// the encodes, the decodes, the task, the drops. Warm, torch's steps cost what forkpool's do;
+// cold, libtorch's TensorImpl and StorageImpl (made, filled, destroyed) are what it adds.
+std::vector<std::uint64_t> g_other_memory(std::size_t{1} << 17);
+void chill_caches() {
+  std::uint64_t sum = 0;
+  for (std::size_t i = 0; i < g_other_memory.size(); i += 8) sum += g_other_memory[i]++;
+  benchmark::DoNotOptimize(sum);
+}
+enum Step { kEncode, kDecode, kTask, kDrop, kSteps };
+template <class F>
+auto timed_cold(Clock::duration& total, F step) {
+  chill_caches();
+  Clock::time_point start = Clock::now();
+  auto out = step();
+  total += Clock::now() - start;
+  return out;
+}
+template <class T, class F>
+void cold_round_trip(std::array<Clock::duration, kSteps>& total, const T& value, F task) {
+  auto one_way = [&](const T& sent) {
+    fp::detail::OutgoingBlocks blocks;
+    fp::Writer w(&blocks);
+    timed_cold(total[kEncode], [&] {
+      fp::codec<T>::encode(w, sent);
+      return 0;
+    });
+    fp::detail::IncomingBlocks incoming(blocks.storages());
+    fp::Reader r(w.bytes(), {}, &incoming);
+    return std::optional<T>(timed_cold(total[kDecode], [&] { return fp::codec<T>::decode(r); }));
+  };
+  std::optional<T> there = one_way(value);
+  T result = timed_cold(total[kTask], [&] { return task(std::move(*there)); });
+  auto drop = [&](std::optional<T>& kept) {
+    timed_cold(total[kDrop], [&] {
+      kept.reset();
+      return 0;
+    });
+  };
+  drop(there);
+  std::optional<T> back = one_way(result);
+  drop(back);
+}
+void BM_RoundTripWorkCold(benchmark::State& state) {
+  fp::Tensor f = fp::Tensor::zeros({1024}, fp::DType::f32);
+  at::Tensor t = fp::torch::from_forkpool(f);
+  std::array<Clock::duration, kSteps> torch_total{}, fp_total{};
+  for (auto _ : state) {
+    cold_round_trip(torch_total, t, touch_ends);
+    cold_round_trip(fp_total, f, touch_ends_fp);
+  }
+  auto per_trip = [&](Clock::duration d) {
+    return static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count()) /
+           static_cast<double>(std::max<benchmark::IterationCount>(state.iterations(), 1));
+  };
+  const char* names[kSteps] = {"encodes", "decodes", "task", "drops"};
+  for (int step = 0; step < kSteps; ++step) {
+    state.counters[std::string("torch_") + names[step]] = per_trip(torch_total[step]);
+    state.counters[std::string("fp_") + names[step]] = per_trip(fp_total[step]);
+  }
+}
+BENCHMARK(BM_RoundTripWorkCold);
 
 // The DataLoader pattern with torch::Tensor batches: 2 workers each build a new float32 batch in
 // shared memory per index (fp::torch::empty, filled), the parent consumes them in order.
