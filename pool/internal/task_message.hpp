@@ -112,7 +112,8 @@ static_assert(sizeof(RunningSlot) <= kRunningSlotBytes);
 // that element alone carries the retry: one poison element cannot use up a whole chunk's retries.
 
 // Decodes the elements of `range` from `in` (skipping those before it), calls the function on
-// each, encodes the results to `out`; says which element it calls in `running`.
+// each, encodes the results to `out`; says which element it calls in `running`. The last call's
+// argument and result are left in left_after_reply(), for the worker to drop after its reply.
 using Invoker = void (*)(std::uintptr_t function, const ElementRange& range, Reader& in, Writer& out,
                          std::atomic<std::uint64_t>& running);
 
@@ -128,15 +129,15 @@ class LeftAfterReply {
   LeftAfterReply& operator=(const LeftAfterReply&) = delete;
   ~LeftAfterReply() { drop(); }
 
-  // Takes `values` (moved in) to destroy at drop(), after dropping what it held. Values that do
-  // not fit (or might throw as they move) are left where they are, to their caller's scope.
+  // Takes `values` (rvalues: moved in) to destroy at drop(), after dropping what it held. Values
+  // that do not fit (or might throw as they move) are left where they are, to their caller's scope.
   template <class... T>
   void keep(T&&... values) {
     drop();
     using Kept = std::tuple<std::remove_cvref_t<T>...>;
     if constexpr (sizeof(Kept) <= kBytes && alignof(Kept) <= alignof(std::max_align_t) &&
-                  std::is_nothrow_move_constructible_v<Kept>) {
-      ::new (static_cast<void*>(buffer_)) Kept(std::move(values)...);
+                  std::is_nothrow_constructible_v<Kept, T&&...>) {
+      ::new (static_cast<void*>(buffer_)) Kept(std::forward<T>(values)...);
       destroy_ = [](void* kept) noexcept { static_cast<Kept*>(kept)->~Kept(); };
     }
   }
