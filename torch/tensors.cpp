@@ -193,10 +193,9 @@ at::Tensor tensor_over(const Holder& storage, std::int64_t offset, std::span<con
   at::Tensor out =
       at::detail::make_tensor<c10::TensorImpl>(std::move(shared), c10::DispatchKeySet(c10::DispatchKey::CPU),
                                                caffe2::TypeMeta::fromScalarType(scalar_type_of(dtype)));
-  c10::TensorImpl* impl = out.unsafeGetTensorImpl();
-  impl->set_sizes_and_strides(at::IntArrayRef(shape.data(), shape.size()),
-                              at::IntArrayRef(strides.data(), strides.size()));
-  impl->set_storage_offset(offset);
+  // (The offset in the same call: set_storage_offset is a virtual call with its own checks.)
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(at::IntArrayRef(shape.data(), shape.size()),
+                                                   at::IntArrayRef(strides.data(), strides.size()), offset);
   return out;
 }
 
