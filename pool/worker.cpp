@@ -61,17 +61,14 @@ void serve_task(WorkerLink& link, Message& task, PeerMemory& memory, RunningSlot
                    type.c_str(), message.c_str());
       exit_helper(1);
     }
-    left_after_reply().drop();
     call.blocks = IncomingBlocks({});
     send_release(link, memory);
     link.send(kErrorMessage, task.request_id, encode_current_exception().bytes());
     return;
   }
-  // The message's holds go, and the result's own once its blocks are lent and its table written:
-  // a block of ours stays lent to the parent, and a block of the parent's that it returns is read
-  // there before this release. What only they held goes home with the result. The last call's
-  // argument and result go after the reply (LeftAfterReply), their releases in a message of
-  // their own: the caller does not wait for their destructors.
+  // The arguments are gone. The result's own holds go too, once its blocks are lent and its
+  // table written: a block of ours stays lent to the parent, and a block of the parent's that it
+  // returns is read there before this release. What only they held goes home with the result.
   call.blocks = IncomingBlocks({});
   std::optional<PeerMemory::Introduction> introduction = memory.lend(reply);
   reply.write_table(out);
@@ -79,7 +76,6 @@ void serve_task(WorkerLink& link, Message& task, PeerMemory& memory, RunningSlot
   append_release(out, memory.take_release());
   if (introduction) link.send(kSlabMessage, 0, introduction->payload.bytes(), introduction->fds);
   link.send(kResultMessage, task.request_id, out.bytes(), out.fds());
-  left_after_reply().drop();
   give_back_buffer(std::move(out.buffer()));
 }
 
@@ -123,11 +119,6 @@ void receive_hello(Channel& channel, Hello& hello) {
 }
 
 }  // namespace
-
-LeftAfterReply& left_after_reply() noexcept {
-  static LeftAfterReply kept;
-  return kept;
-}
 
 void worker_main(const WorkerSpec& spec, WorkerStart start, int index, pid_t parent, UniqueFd channel_fd,
                  ObjectTranslation objects) noexcept {

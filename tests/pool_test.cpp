@@ -26,7 +26,6 @@
 #include <thread>
 #include <map>
 #include <tuple>
-#include <utility>
 #include <vector>
 
 #include <forkpool/runtime/internal/io.hpp>
@@ -40,7 +39,6 @@
 #include <forkpool/runtime/loop.hpp>
 #include <forkpool/runtime/show_progress.hpp>
 #include <forkpool/runtime/when_all.hpp>
-#include <forkpool/sync/semaphore.hpp>
 #include "support.hpp"
 
 namespace forkpool {
@@ -327,45 +325,6 @@ TEST_P(PoolTest, ApplyAsyncOfAVoidFunctionCompletes) {
   AsyncResult<void> done = pool.apply_async([](int) {}, 1);
   done.get();
   EXPECT_TRUE(done.successful());
-}
-
-// A task's result whose destructor, where the task ran, waits for the parent's word (the
-// parent's copy has no gate): the parent sees whether the reply waited for that destructor.
-struct WaitsAsItGoes {
-  std::optional<Semaphore> gate;
-  WaitsAsItGoes() = default;
-  explicit WaitsAsItGoes(Semaphore g) : gate(std::move(g)) {}
-  WaitsAsItGoes(WaitsAsItGoes&& other) noexcept : gate(std::exchange(other.gate, std::nullopt)) {}
-  WaitsAsItGoes& operator=(WaitsAsItGoes&&) = delete;
-  ~WaitsAsItGoes() {
-    if (gate) (void)gate->acquire(20s);
-  }
-};
-WaitsAsItGoes wait_as_it_goes(Semaphore gate) { return WaitsAsItGoes(std::move(gate)); }
-
-}  // namespace
-
-template <>
-struct codec<WaitsAsItGoes> {
-  static void encode(Writer& w, const WaitsAsItGoes&) { w.write(std::uint8_t{0}); }
-  static WaitsAsItGoes decode(Reader& r) {
-    (void)r.read<std::uint8_t>();
-    return {};
-  }
-};
-
-namespace {
-
-TEST_P(PoolTest, AWorkerRepliesBeforeItDestroysItsLastCallsArgumentAndResult) {
-  Pool pool(options(1));
-  Semaphore gate(0);
-  AsyncResult<WaitsAsItGoes> left = pool.apply_async(wait_as_it_goes, gate);
-  bool replied = left.wait(10s);
-  gate.release();
-  EXPECT_TRUE(replied) << "the reply waited for the result's destructor in the worker";
-  // They are destroyed before the worker takes up its next task.
-  EXPECT_EQ(pool.apply_async(square, 3).get(10s), 9);
-  EXPECT_EQ(gate.value(), 0) << "the result's destructor ran in the worker and took the unit";
 }
 
 TEST_P(PoolTest, StarmapSpreadsTuplesAsArguments) {

@@ -29,14 +29,12 @@
 #include <atomic>
 #include <sys/types.h>
 
-#include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <cstring>
 #include <array>
 #include <functional>
 #include <iterator>
-#include <new>
 #include <span>
 #include <string>
 #include <tuple>
@@ -112,46 +110,9 @@ static_assert(sizeof(RunningSlot) <= kRunningSlotBytes);
 // that element alone carries the retry: one poison element cannot use up a whole chunk's retries.
 
 // Decodes the elements of `range` from `in` (skipping those before it), calls the function on
-// each, encodes the results to `out`; says which element it calls in `running`. The last call's
-// argument and result are left in left_after_reply(), for the worker to drop after its reply.
+// each, encodes the results to `out`; says which element it calls in `running`.
 using Invoker = void (*)(std::uintptr_t function, const ElementRange& range, Reader& in, Writer& out,
                          std::atomic<std::uint64_t>& running);
-
-// What a worker's last call leaves behind (its argument and its result) is destroyed after the
-// reply has gone: those destructors (a libtorch tensor's objects, a block let go) are then not
-// part of the caller's wait. Its block releases go home in their own message, before the worker
-// waits for the next task. The worker's thread only.
-class LeftAfterReply {
- public:
-  static constexpr std::size_t kBytes = 256;
-  LeftAfterReply() = default;
-  LeftAfterReply(const LeftAfterReply&) = delete;
-  LeftAfterReply& operator=(const LeftAfterReply&) = delete;
-  ~LeftAfterReply() { drop(); }
-
-  // Takes `values` (rvalues: moved in) to destroy at drop(), after dropping what it held. Values
-  // that do not fit (or might throw as they move) are left where they are, to their caller's scope.
-  template <class... T>
-  void keep(T&&... values) {
-    drop();
-    using Kept = std::tuple<std::remove_cvref_t<T>...>;
-    if constexpr (sizeof(Kept) <= kBytes && alignof(Kept) <= alignof(std::max_align_t) &&
-                  std::is_nothrow_constructible_v<Kept, T&&...>) {
-      ::new (static_cast<void*>(buffer_)) Kept(std::forward<T>(values)...);
-      destroy_ = [](void* kept) noexcept { static_cast<Kept*>(kept)->~Kept(); };
-    }
-  }
-  // Destroys what keep() took.
-  void drop() noexcept {
-    if (void (*destroy)(void*) noexcept = std::exchange(destroy_, nullptr)) destroy(buffer_);
-  }
-
- private:
-  alignas(std::max_align_t) std::byte buffer_[kBytes];
-  void (*destroy_)(void*) noexcept = nullptr;
-};
-// The worker's (a task's invoker keeps its last call's values there; the worker drops them).
-LeftAfterReply& left_after_reply() noexcept;
 
 // What a task may be: a function pointer, or a lambda without captures (an empty,
 // default-constructible class).
@@ -242,20 +203,10 @@ struct Call {
     for (std::size_t i = range.first; i < range.end; ++i) {
       running.store(i, std::memory_order_relaxed);
       Element element = in.read<Element>();
-      bool last = i + 1 == range.end;
       if constexpr (std::is_void_v<Result>) {
         call(f, std::move(element));
-        if (last) left_after_reply().keep(std::move(element));
       } else {
-        Result result = call(f, std::move(element));
-        out.write(result);
-        if (last) {
-          if constexpr (std::is_reference_v<Result>) {
-            left_after_reply().keep(std::move(element));  // (what it refers to is not the call's)
-          } else {
-            left_after_reply().keep(std::move(element), std::move(result));
-          }
-        }
+        out.write(call(f, std::move(element)));
       }
     }
     if (range.end == range.count) in.expect_end();
