@@ -25,6 +25,9 @@ namespace fp = forkpool;
 namespace {
 
 using Clock = std::chrono::steady_clock;
+double ns(Clock::duration d) {
+  return static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count());
+}
 
 at::Tensor touch_ends(at::Tensor t) {
   auto* bytes = static_cast<std::uint8_t*>(t.data_ptr());
@@ -105,9 +108,6 @@ void BM_TorchOverFpRoundTrip(benchmark::State& state) {
   fp::run(body());
   // The mean, and the median: a trip whose answer outlasts the spin sleeps, and a few such trips
   // move the mean far more than the median.
-  auto ns = [](Clock::duration d) {
-    return static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count());
-  };
   auto mean = [&](const std::vector<Clock::duration>& trips) {
     Clock::duration sum{};
     for (Clock::duration d : trips) sum += d;
@@ -264,8 +264,7 @@ void BM_RoundTripWorkCold(benchmark::State& state) {
     cold_round_trip(fp_total, f, touch_ends_fp);
   }
   auto per_trip = [&](Clock::duration d) {
-    return static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count()) /
-           static_cast<double>(std::max<benchmark::IterationCount>(state.iterations(), 1));
+    return ns(d) / static_cast<double>(std::max<benchmark::IterationCount>(state.iterations(), 1));
   };
   const char* names[kSteps] = {"encodes", "decodes", "task", "drops"};
   for (int step = 0; step < kSteps; ++step) {

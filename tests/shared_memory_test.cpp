@@ -409,7 +409,7 @@ TEST(SharedMemory, ATensorAWorkerHeldForItsCallIsHomeWhenTheCallsResultIs) {
   std::optional<Tensor> t = Tensor::zeros({256}, DType::i32);
   void* address = t->raw_data();
   for (int i = 0; i < 20; ++i) {
-    ASSERT_EQ(pool.apply_async(first_int_seen, *t).get(), 0);
+    ASSERT_EQ(pool.apply_async(first_int_seen, *t).get(10s), 0);
     t.reset();  // the last hold: the block is free now, or it is still lent
     EXPECT_EQ(Tensor::empty({256}, DType::i32).raw_data(), address) << "round " << i << ": still lent";
     t = Tensor::zeros({256}, DType::i32);
