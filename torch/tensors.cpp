@@ -4,7 +4,9 @@
 #include <c10/core/Storage.h>
 #include <torch/nn/module.h>
 
+#include <array>
 #include <bit>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -51,7 +53,7 @@ struct HeldStorage final : c10::StorageImpl {
   Holder holder;
 };
 
-DType dtype_of(at::ScalarType type) {
+DType real_dtype_of(at::ScalarType type) {
   switch (type) {
     case at::kByte: return DType::u8;
     case at::kChar: return DType::i8;
@@ -64,6 +66,29 @@ DType dtype_of(at::ScalarType type) {
     case at::kDouble: return DType::f64;
     case at::kBool: return DType::boolean;
     default: throw Error(std::string("forkpool-torch: a tensor of dtype ") + c10::toString(type) + " cannot be shared");
+  }
+}
+
+// What a tensor's elements are made of in forkpool's terms. forkpool has no complex DType: a
+// complex element is two of its parts' DType, its real and imaginary parts, laid out as
+// at::view_as_real lays them out (one more dimension, of 2 with stride 1).
+struct Element {
+  DType dtype;
+  bool complex = false;
+};
+
+Element element_of(at::ScalarType type) {
+  if (at::isComplexType(type)) return {real_dtype_of(c10::toRealValueType(type)), true};
+  return {real_dtype_of(type)};
+}
+
+// The complex dtype whose parts are `part`, where libtorch has one.
+std::optional<at::ScalarType> complex_of(DType part) {
+  switch (part) {
+    case DType::f16: return at::kComplexHalf;
+    case DType::f32: return at::kComplexFloat;
+    case DType::f64: return at::kComplexDouble;
+    default: return std::nullopt;
   }
 }
 
@@ -83,8 +108,8 @@ at::ScalarType scalar_type_of(DType dtype) {
   throw Error("forkpool-torch: a tensor of an unknown dtype");
 }
 
-// The tensor's DType, when forkpool can share it; else an Error naming why not.
-DType check_shareable(const at::Tensor& tensor) {
+// What the tensor's elements are made of, when forkpool can share it; else an Error naming why not.
+Element check_shareable(const at::Tensor& tensor) {
   if (!tensor.defined()) throw Error("forkpool-torch: an undefined tensor cannot cross");
   if (!tensor.device().is_cpu())
     throw Error("forkpool-torch: a tensor on " + tensor.device().str() + " cannot cross: only CPU tensors are shared");
@@ -94,13 +119,16 @@ DType check_shareable(const at::Tensor& tensor) {
   // What a tensor is beyond its memory and view, which would not cross (each a bit to test).
   if (tensor.is_neg())
     throw Error("forkpool-torch: a negative view cannot cross (its values are read negated): resolve_neg() it first");
+  if (tensor.is_conj())
+    throw Error(
+        "forkpool-torch: a conjugate view cannot cross (its values are read conjugated): resolve_conj() it first");
   if (tensor._is_zerotensor())
     throw Error("forkpool-torch: a zero tensor (no memory under it) cannot cross: clone() it first");
   if (tensor.has_names())
     throw Error(
         "forkpool-torch: a named tensor cannot cross (its names do not, as in torch.multiprocessing): "
         "rename(c10::nullopt) it first");
-  return dtype_of(tensor.scalar_type());
+  return element_of(tensor.scalar_type());
 }
 
 // A DataPtr for share_memory's move in place (a torch storage not made here).
@@ -111,6 +139,49 @@ c10::DataPtr data_ptr_over(Holder storage) {
 
 std::vector<std::int64_t> vector_of(at::IntArrayRef values) { return {values.begin(), values.end()}; }
 std::span<const std::int64_t> span_of(at::IntArrayRef values) { return {values.data(), values.size()}; }
+
+// A view's shape and strides, built here (a complex view's, or its parts').
+struct Dims {
+  std::array<std::int64_t, forkpool::detail::TensorView::kMaxDims> shape_values, stride_values;
+  std::size_t count = 0;
+  std::span<const std::int64_t> shape() const noexcept { return {shape_values.data(), count}; }
+  std::span<const std::int64_t> strides() const noexcept { return {stride_values.data(), count}; }
+};
+
+// The view of a complex view's parts, as at::view_as_real makes it: one more dimension, of the
+// 2 parts with stride 1, and every other stride doubled.
+Dims parts_of(std::span<const std::int64_t> shape, std::span<const std::int64_t> strides) {
+  if (shape.size() >= forkpool::detail::TensorView::kMaxDims)
+    throw Error("forkpool-torch: a complex tensor of " + std::to_string(shape.size()) +
+                " dimensions cannot cross: its parts take one more, and a receiver reads at most " +
+                std::to_string(forkpool::detail::TensorView::kMaxDims));
+  Dims parts;
+  parts.count = shape.size() + 1;
+  for (std::size_t d = 0; d < shape.size(); ++d) {
+    parts.shape_values[d] = shape[d];
+    // (as_strided takes any stride for a dimension of one element)
+    if (__builtin_mul_overflow(strides[d], 2, &parts.stride_values[d]))
+      throw Error("forkpool-torch: a complex tensor with a stride of " + std::to_string(strides[d]) +
+                  " elements cannot cross: its parts' stride, twice that, is past 64 bits");
+  }
+  parts.shape_values[shape.size()] = 2;
+  parts.stride_values[shape.size()] = 1;
+  return parts;
+}
+
+// The complex view whose parts `shape` and `strides` view, when they are laid out as parts_of
+// lays them out; else nullopt.
+std::optional<Dims> complex_view_of(std::span<const std::int64_t> shape, std::span<const std::int64_t> strides) {
+  if (shape.empty() || shape.back() != 2 || strides.back() != 1) return std::nullopt;
+  Dims complex;
+  complex.count = shape.size() - 1;
+  for (std::size_t d = 0; d < complex.count; ++d) {
+    if (strides[d] % 2 != 0) return std::nullopt;
+    complex.shape_values[d] = shape[d];
+    complex.stride_values[d] = strides[d] / 2;
+  }
+  return complex;
+}
 
 // The forkpool storage under `tensor` if it is shared (is_shared), else null.
 const Holder* shared_storage_of(const at::Tensor& tensor) {
@@ -171,28 +242,28 @@ c10::Storage torch_storage_over(const Holder& storage, std::size_t reach, Rememb
 // A torch storage offset counts elements, a forkpool one bytes: a forkpool view may start inside
 // an element, and then no torch::Tensor can be that view. (Element sizes are powers of two: a
 // shift, not a division, on every decode.)
-std::optional<std::int64_t> element_offset(std::int64_t byte_offset, DType dtype) {
-  int shift = std::countr_zero(element_size(dtype));
+std::optional<std::int64_t> element_offset(std::int64_t byte_offset, std::size_t element_bytes) {
+  int shift = std::countr_zero(element_bytes);
   if (byte_offset & ((std::int64_t{1} << shift) - 1)) return std::nullopt;
   return byte_offset >> shift;
 }
 
-std::string misplaced_view(std::int64_t byte_offset, DType dtype) {
+std::string misplaced_view(std::int64_t byte_offset, std::size_t element_bytes) {
   return "starts " + std::to_string(byte_offset) + " bytes into its storage, not at a whole element of " +
-         std::to_string(element_size(dtype)) + " bytes";
+         std::to_string(element_bytes) + " bytes";
 }
 
 // A torch::Tensor over `storage`, viewed as given (its offset in elements), which reaches `extent`
 // bytes from its offset (a view checked already: a decoded one, or a forkpool::Tensor's).
 at::Tensor tensor_over(const Holder& storage, std::int64_t offset, std::span<const std::int64_t> shape,
-                       std::span<const std::int64_t> strides, DType dtype, std::size_t extent, Remember remember) {
-  std::size_t reach = static_cast<std::size_t>(offset) * element_size(dtype) + extent;
+                       std::span<const std::int64_t> strides, at::ScalarType type, std::size_t extent,
+                       Remember remember) {
+  std::size_t reach = static_cast<std::size_t>(offset) * c10::elementSize(type) + extent;
   c10::Storage shared = torch_storage_over(storage, reach, remember);
   // Built as at::for_blob builds its tensor: no dispatched op (at::empty and set_ took about
   // a third of a small tensor's round trip).
-  at::Tensor out =
-      at::detail::make_tensor<c10::TensorImpl>(std::move(shared), c10::DispatchKeySet(c10::DispatchKey::CPU),
-                                               caffe2::TypeMeta::fromScalarType(scalar_type_of(dtype)));
+  at::Tensor out = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(shared), c10::DispatchKeySet(c10::DispatchKey::CPU), caffe2::TypeMeta::fromScalarType(type));
   // (The offset in the same call: set_storage_offset is a virtual call with its own checks.)
   out.unsafeGetTensorImpl()->set_sizes_and_strides(at::IntArrayRef(shape.data(), shape.size()),
                                                    at::IntArrayRef(strides.data(), strides.size()), offset);
@@ -215,28 +286,45 @@ bool is_shared(const at::Tensor& tensor) { return shared_storage_of(tensor) != n
 at::Tensor from_forkpool(const Tensor& tensor) {
   const Holder& storage = tensor.storage();
   if (!storage || !storage->is_shared()) throw Error("forkpool-torch: from_forkpool needs a tensor in shared memory");
-  std::optional<std::int64_t> offset = element_offset(tensor.storage_offset(), tensor.dtype());
+  std::optional<std::int64_t> offset = element_offset(tensor.storage_offset(), element_size(tensor.dtype()));
   if (!offset)
-    throw Error("forkpool-torch: from_forkpool: the tensor " + misplaced_view(tensor.storage_offset(), tensor.dtype()) +
+    throw Error("forkpool-torch: from_forkpool: the tensor " +
+                misplaced_view(tensor.storage_offset(), element_size(tensor.dtype())) +
                 ", which a torch::Tensor cannot start at");
   std::size_t extent = forkpool::detail::view_extent(tensor.shape(), tensor.strides(), element_size(tensor.dtype()))
                            .value_or(storage->size());
-  return tensor_over(storage, *offset, tensor.shape(), tensor.strides(), tensor.dtype(), extent, Remember::yes);
+  return tensor_over(storage, *offset, tensor.shape(), tensor.strides(), scalar_type_of(tensor.dtype()), extent,
+                     Remember::yes);
 }
 
 Tensor to_forkpool(const at::Tensor& tensor) {
   const Holder* storage = shared_storage_of(tensor);
   if (!storage) throw Error("forkpool-torch: to_forkpool needs a tensor in shared memory (share_memory() it)");
-  auto element = static_cast<std::int64_t>(tensor.element_size());
-  return forkpool::detail::tensor_from_storage(*storage, tensor.storage_offset() * element, span_of(tensor.sizes()),
-                                               span_of(tensor.strides()), dtype_of(tensor.scalar_type()));
+  Element element = element_of(tensor.scalar_type());
+  if (element.complex)
+    throw Error(
+        "forkpool-torch: to_forkpool: forkpool has no complex dtype; at::view_as_real(t) is the same memory "
+        "as its real and imaginary parts");
+  auto element_bytes = static_cast<std::int64_t>(tensor.element_size());
+  return forkpool::detail::tensor_from_storage(*storage, tensor.storage_offset() * element_bytes,
+                                               span_of(tensor.sizes()), span_of(tensor.strides()), element.dtype);
 }
 
 at::Tensor empty(at::IntArrayRef sizes, const c10::TensorOptions& options) {
   if (!options.device().is_cpu()) throw Error("forkpool-torch: shared tensors live on the CPU");
   if (options.layout() != at::kStrided) throw Error("forkpool-torch: shared tensors are dense (strided), not sparse");
-  DType dtype = dtype_of(c10::typeMetaToScalarType(options.dtype()));
-  at::Tensor out = from_forkpool(Tensor::empty(vector_of(sizes), dtype));
+  at::ScalarType type = c10::typeMetaToScalarType(options.dtype());
+  Element element = element_of(type);
+  at::Tensor out;
+  if (!element.complex) {
+    out = from_forkpool(Tensor::empty(vector_of(sizes), element.dtype));
+  } else {
+    std::vector<std::int64_t> parts_shape = vector_of(sizes);
+    parts_shape.push_back(2);
+    Tensor parts = Tensor::empty(std::move(parts_shape), element.dtype);
+    Dims complex = *complex_view_of(parts.shape(), parts.strides());
+    out = tensor_over(parts.storage(), 0, complex.shape(), complex.strides(), type, parts.nbytes(), Remember::yes);
+  }
   // A memory format lays the same dense block out another way, as torch::empty does.
   at::MemoryFormat format = options.memory_format_opt().value_or(at::MemoryFormat::Contiguous);
   if (format != at::MemoryFormat::Contiguous) {
@@ -293,18 +381,37 @@ at::Tensor collate(std::vector<at::Tensor> samples) {
 }  // namespace forkpool::torch
 
 namespace forkpool {
+namespace {
+
+// After the view, a byte of flags: what a torch::Tensor is beyond a forkpool view.
+enum TensorFlags : std::uint8_t {
+  kRequiresGrad = 1,
+  kComplex = 2,  // the view is of its elements' parts (torch::parts_of)
+};
+
+// `shape` and `strides` count elements of `element`: a complex view is written as its parts'.
+void encode_view(Writer& w, const torch::Holder& storage, std::int64_t byte_offset, at::IntArrayRef shape,
+                 at::IntArrayRef strides, torch::Element element) {
+  if (!element.complex) {
+    detail::encode_tensor_view(w, storage, byte_offset, torch::span_of(shape), torch::span_of(strides), element.dtype);
+    return;
+  }
+  torch::Dims parts = torch::parts_of(torch::span_of(shape), torch::span_of(strides));
+  detail::encode_tensor_view(w, storage, byte_offset, parts.shape(), parts.strides(), element.dtype);
+}
+
+}  // namespace
 
 void codec<at::Tensor>::encode(Writer& w, const at::Tensor& tensor) {
-  DType dtype = torch::check_shareable(tensor);
+  torch::Element element = torch::check_shareable(tensor);
   bool requires_grad = tensor.requires_grad();
   if (requires_grad && !tensor.is_leaf())
     throw Error(
         "forkpool-torch: a non-leaf tensor that requires grad cannot cross (autograd state does not): detach() it");
   if (const torch::Holder* storage = torch::shared_storage_of(tensor)) {
     // As codec<Tensor> writes its to_forkpool(), without making it.
-    auto element = static_cast<std::int64_t>(tensor.element_size());
-    detail::encode_tensor_view(w, *storage, tensor.storage_offset() * element, torch::span_of(tensor.sizes()),
-                               torch::span_of(tensor.strides()), dtype);
+    auto element_bytes = static_cast<std::int64_t>(tensor.element_size());
+    encode_view(w, *storage, tensor.storage_offset() * element_bytes, tensor.sizes(), tensor.strides(), element);
   } else {
     // Copied once into shared memory, laid out as it is when its elements are dense (a transpose,
     // channels_last: torch.multiprocessing moves the storage, strides and all), else made dense
@@ -312,28 +419,43 @@ void codec<at::Tensor>::encode(Writer& w, const at::Tensor& tensor) {
     at::Tensor made_dense;  // (read through `tensor` itself when it is dense: no op to dispatch)
     if (!tensor.is_non_overlapping_and_dense()) made_dense = tensor.detach().contiguous(tensor.suggest_memory_format());
     const at::Tensor& dense = made_dense.defined() ? made_dense : tensor;
-    Tensor copy = Tensor::empty({dense.numel()}, dtype);
+    Tensor copy = Tensor::empty({dense.numel() * (element.complex ? 2 : 1)}, element.dtype);
     if (copy.nbytes() > 0) std::memcpy(copy.raw_data(), dense.data_ptr(), copy.nbytes());
-    detail::encode_tensor_view(w, copy.storage(), 0, torch::span_of(dense.sizes()), torch::span_of(dense.strides()),
-                               dtype);
+    encode_view(w, copy.storage(), 0, dense.sizes(), dense.strides(), element);
   }
-  w.write(requires_grad);
+  w.write(static_cast<std::uint8_t>((requires_grad ? kRequiresGrad : 0) | (element.complex ? kComplex : 0)));
 }
 
 at::Tensor codec<at::Tensor>::decode(Reader& r) {
   detail::TensorView view;  // as codec<Tensor> reads it, without making the Tensor
   detail::decode_tensor_view(r, view);
-  bool requires_grad = r.read<bool>();
+  auto flags = r.read<std::uint8_t>();
+  if (flags & ~(kRequiresGrad | kComplex))
+    r.fail("a torch::Tensor arrived with flags " + std::to_string(flags) + ", which name nothing");
   if (!view.storage || !view.storage->is_shared()) r.fail("a torch::Tensor arrived without shared memory under it");
-  std::optional<std::int64_t> offset = torch::element_offset(view.byte_offset, view.dtype);
-  if (!offset) r.fail("a torch::Tensor arrived that " + torch::misplaced_view(view.byte_offset, view.dtype));
-  at::Tensor out = torch::tensor_over(view.storage, *offset, view.shape(), view.strides(), view.dtype, view.extent,
-                                      torch::Remember::no);
-  if (requires_grad) {
+  at::ScalarType type = torch::scalar_type_of(view.dtype);
+  std::span<const std::int64_t> shape = view.shape(), strides = view.strides();
+  std::optional<torch::Dims> complex;
+  if (flags & kComplex) {
+    std::optional<at::ScalarType> complex_type = torch::complex_of(view.dtype);
+    if (complex_type) complex = torch::complex_view_of(shape, strides);
+    if (!complex)
+      r.fail(
+          "a complex torch::Tensor arrived whose parts are not two of a floating dtype in a last dimension of "
+          "stride 1, as at::view_as_real lays them out");
+    type = *complex_type;
+    shape = complex->shape();
+    strides = complex->strides();
+  }
+  std::optional<std::int64_t> offset = torch::element_offset(view.byte_offset, c10::elementSize(type));
+  if (!offset)
+    r.fail("a torch::Tensor arrived that " + torch::misplaced_view(view.byte_offset, c10::elementSize(type)));
+  at::Tensor out = torch::tensor_over(view.storage, *offset, shape, strides, type, view.extent, torch::Remember::no);
+  if (flags & kRequiresGrad) {
     // (libtorch throws its own c10::Error for the others; a message that says so is malformed.)
-    if (!at::isFloatingType(out.scalar_type()))
-      r.fail(std::string("a torch::Tensor of dtype ") + c10::toString(out.scalar_type()) +
-             " arrived requiring grad, which only floating dtypes can");
+    if (!at::isFloatingType(type) && !at::isComplexType(type))
+      r.fail(std::string("a torch::Tensor of dtype ") + c10::toString(type) +
+             " arrived requiring grad, which only floating and complex dtypes can");
     out.requires_grad_(true);
   }
   return out;

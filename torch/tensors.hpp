@@ -5,10 +5,11 @@
 // when it is sent (as torch.multiprocessing does on a first send). A tensor that arrives is a
 // torch::Tensor over the same recycled block: when its last user lets go, the block goes home.
 //
-// requires_grad crosses as a flag (autograd state does not); a non-leaf tensor that requires
-// grad is an Error (detach() it), as in torch.multiprocessing. CUDA, sparse, quantized and nested
-// tensors, dtypes without a forkpool DType (complex), negative views, named tensors and zero
-// tensors are an Error before anything is sent.
+// Every dtype libtorch and DLPack share crosses; a complex tensor as its real and imaginary
+// parts (at::view_as_real's layout), since forkpool has no complex DType. requires_grad crosses
+// as a flag (autograd state does not); a non-leaf tensor that requires grad is an Error (detach()
+// it), as in torch.multiprocessing. CUDA, sparse, quantized and nested tensors, negative and
+// conjugate views, named tensors and zero tensors are an Error before anything is sent.
 //
 //   torch::Tensor w = forkpool::torch::zeros({1024, 1024});    // in shared memory
 //   co_await pool.apply_async(train_step, w);                    // the worker writes w itself
@@ -66,7 +67,8 @@ template <class Sample>
 auto collate_fields(std::vector<Sample> samples);
 
 // The same memory seen the other way: a forkpool Tensor over a shared torch tensor's storage
-// (Error when it is not shared), and a torch tensor over a forkpool Tensor's.
+// (Error when it is not shared, or complex: forkpool has no complex DType, and
+// at::view_as_real(t) is the same memory as parts), and a torch tensor over a forkpool Tensor's.
 Tensor to_forkpool(const at::Tensor& tensor);
 at::Tensor from_forkpool(const Tensor& tensor);
 
