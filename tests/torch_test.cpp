@@ -230,7 +230,7 @@ TEST(TorchTest, WhatCannotCrossIsAnErrorBeforeAnythingIsSent) {
   EXPECT_NE(refused(at::_nested_tensor_from_tensor_list({::torch::ones({2}), ::torch::ones({3})})).find("nested"),
             std::string::npos);
   EXPECT_NE(refused(at::_efficientzerotensor({4})).find("zero tensor"), std::string::npos);
-  at::Tensor back = pool.apply_async(identity, leaf).get();  // a leaf crosses with its flag
+  at::Tensor back = pool.apply_async(identity, leaf).get(20s);  // a leaf crosses with its flag
   EXPECT_TRUE(back.requires_grad());
 }
 
@@ -263,7 +263,7 @@ TEST(TorchTest, EveryDtypeRoundTripsWithItsValues) {
     EXPECT_TRUE(fpt::is_shared(shared));
     shared.copy_(values);
     for (const at::Tensor& sent : {shared, values}) {
-      at::Tensor back = pool.apply_async(identity, sent).get();
+      at::Tensor back = pool.apply_async(identity, sent).get(20s);
       EXPECT_EQ(back.scalar_type(), dtype);
       EXPECT_EQ(back.sizes(), values.sizes());
       EXPECT_EQ(back.strides(), values.strides());

@@ -286,13 +286,13 @@ bool is_shared(const at::Tensor& tensor) { return shared_storage_of(tensor) != n
 at::Tensor from_forkpool(const Tensor& tensor) {
   const Holder& storage = tensor.storage();
   if (!storage || !storage->is_shared()) throw Error("forkpool-torch: from_forkpool needs a tensor in shared memory");
-  std::optional<std::int64_t> offset = element_offset(tensor.storage_offset(), element_size(tensor.dtype()));
+  std::size_t element_bytes = element_size(tensor.dtype());
+  std::optional<std::int64_t> offset = element_offset(tensor.storage_offset(), element_bytes);
   if (!offset)
-    throw Error("forkpool-torch: from_forkpool: the tensor " +
-                misplaced_view(tensor.storage_offset(), element_size(tensor.dtype())) +
+    throw Error("forkpool-torch: from_forkpool: the tensor " + misplaced_view(tensor.storage_offset(), element_bytes) +
                 ", which a torch::Tensor cannot start at");
-  std::size_t extent = forkpool::detail::view_extent(tensor.shape(), tensor.strides(), element_size(tensor.dtype()))
-                           .value_or(storage->size());
+  std::size_t extent =
+      forkpool::detail::view_extent(tensor.shape(), tensor.strides(), element_bytes).value_or(storage->size());
   return tensor_over(storage, *offset, tensor.shape(), tensor.strides(), scalar_type_of(tensor.dtype()), extent,
                      Remember::yes);
 }
