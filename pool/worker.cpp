@@ -23,6 +23,7 @@
 #include <forkpool/runtime/private/describe_exception.hpp>
 #include <forkpool/runtime/private/process.hpp>
 #include <forkpool/pool/internal/task_message.hpp>
+#include <forkpool/pool/private/task_end.hpp>
 #include <forkpool/runtime/private/loaded_objects.hpp>
 
 namespace forkpool::detail {
@@ -49,6 +50,7 @@ void serve_task(WorkerLink& link, Message& task, PeerMemory& memory, RunningSlot
   OutgoingBlocks reply;
   Writer out(&reply);
   out.buffer() = take_spare_buffer();
+  if (spec.process_name.empty()) begin_pool_task();
   try {
     Reader arguments(call.elements, task.fds, &call.blocks);
     auto invoker = reinterpret_cast<Invoker>(objects.translate(reinterpret_cast<std::uintptr_t>(call.invoker)));
@@ -62,6 +64,7 @@ void serve_task(WorkerLink& link, Message& task, PeerMemory& memory, RunningSlot
       exit_helper(1);
     }
     call.blocks = IncomingBlocks({});
+    end_pool_task();
     send_release(link, memory);
     link.send(kErrorMessage, task.request_id, encode_current_exception().bytes());
     return;
@@ -70,6 +73,7 @@ void serve_task(WorkerLink& link, Message& task, PeerMemory& memory, RunningSlot
   // table written: a block of ours stays lent to the parent, and a block of the parent's that it
   // returns is read there before this release. What only they held goes home with the result.
   call.blocks = IncomingBlocks({});
+  end_pool_task();  // what codecs kept lets go of its blocks
   std::optional<PeerMemory::Introduction> introduction = memory.lend(reply);
   reply.write_table(out);
   reply.clear();

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <random>
 #include <optional>
 #include <thread>
@@ -674,6 +675,91 @@ TEST(TorchTest, TensorsFromWorkersMayBeDroppedOnOtherThreadsWhileThePoolWorks) {
   std::vector<at::Tensor> more = pool.map_async(a_batch, indices).get();  // meanwhile
   for (std::thread& dropper : droppers) dropper.join();
   for (std::size_t i = 0; i < more.size(); ++i) EXPECT_EQ(more[i][4095].item<float>(), static_cast<float>(i));
+}
+
+// What a worker's task sees of its tensor argument, as numbers: where its TensorImpl is, its
+// version, whether it requires grad, its dtype, offset and element count, and its sum. The task
+// then writes it in place, so its version moves.
+std::vector<std::int64_t> look_then_add_one(at::Tensor t) {
+  std::vector<std::int64_t> seen{reinterpret_cast<std::int64_t>(t.unsafeGetTensorImpl()),
+                                 t._version(),
+                                 t.requires_grad(),
+                                 static_cast<std::int64_t>(t.scalar_type()),
+                                 t.storage_offset(),
+                                 t.numel(),
+                                 static_cast<std::int64_t>(t.sum().item<double>())};
+  at::NoGradGuard no_grad;  // (in place on a leaf that requires grad)
+  t.add_(1);
+  return seen;
+}
+
+// In the worker: takes the memory a TensorImpl just freed would be (malloc hands out what was
+// freed last first), so a TensorImpl made after is elsewhere, and only a kept one is where it was.
+std::vector<std::unique_ptr<char[]>> taken;
+int take_freed_memory() {
+  for (int i = 0; i < 8; ++i) taken.push_back(std::make_unique<char[]>(sizeof(c10::TensorImpl)));
+  return 0;
+}
+
+std::vector<at::Tensor> kept_by_tasks;  // in the worker: tensors a task kept past its end
+std::int64_t keep_it(at::Tensor t) {
+  kept_by_tasks.push_back(t);
+  return reinterpret_cast<std::int64_t>(t.unsafeGetTensorImpl());
+}
+double sum_of_kept() {
+  double sum = 0;
+  for (const at::Tensor& t : kept_by_tasks) sum += t.sum().item<double>();
+  return sum;
+}
+
+// A worker keeps the libtorch objects its tasks decoded and reuses them for the next task's
+// tensors (a TensorImpl and a storage made and destroyed per task were most of a torch::Tensor
+// trip's cost over a forkpool::Tensor one). Each reused tensor must be as a new one would be,
+// and the reuse must neither hold the caller's block nor touch a tensor the task kept.
+TEST(TorchTest, AWorkerReusesItsTensorsFromTaskToTaskAndEachArrivesAsNew) {
+  Pool pool({.processes = 1});
+  std::size_t before = shared_memory_stats().in_use_bytes;
+  std::int64_t first_impl = 0;
+  {
+    at::Tensor floats = fpt::zeros({1 << 16});
+    std::vector<std::int64_t> seen = pool.apply_async(look_then_add_one, floats).get(20s);
+    first_impl = seen[0];
+    EXPECT_EQ(seen[1], 0);
+    EXPECT_EQ(floats.sum().item<float>(), 1 << 16);  // the worker wrote our memory
+  }
+  // The caller's block went home with the result, though the worker keeps the tensor's objects.
+  EXPECT_EQ(shared_memory_stats().in_use_bytes, before);
+
+  // Another dtype, a view with an offset, another block: the same TensorImpl, as new.
+  pool.apply_async(take_freed_memory).get(20s);
+  at::Tensor longs = fpt::empty({10}, at::kLong);
+  for (int i = 0; i < 10; ++i) longs[i] = i;
+  std::vector<std::int64_t> seen = pool.apply_async(look_then_add_one, longs.slice(0, 3, 7)).get(20s);
+  EXPECT_EQ(seen[0], first_impl);
+  EXPECT_EQ(seen[1], 0) << "a reused tensor's version starts again, as a new one's";
+  EXPECT_EQ(seen[2], 0);
+  EXPECT_EQ(seen[3], static_cast<std::int64_t>(at::kLong));
+  EXPECT_EQ(seen[4], 3);
+  EXPECT_EQ(seen[5], 4);
+  EXPECT_EQ(seen[6], 3 + 4 + 5 + 6);
+  EXPECT_EQ(longs[3].item<std::int64_t>(), 4);
+
+  // One that requires grad arrives so; the next, which does not, arrives without.
+  at::Tensor leaf = fpt::zeros({4}, at::TensorOptions().dtype(at::kDouble).requires_grad(true));
+  EXPECT_EQ(pool.apply_async(look_then_add_one, leaf).get(20s)[2], 1);
+  seen = pool.apply_async(look_then_add_one, fpt::zeros({6}, at::kDouble)).get(20s);
+  EXPECT_EQ(seen[2], 0);
+  EXPECT_EQ(seen[5], 6);
+
+  // A tensor the task keeps is the task's: the next tensor is another, and the kept one keeps
+  // its memory and values.
+  at::Tensor nines = fpt::empty({5}).fill_(9);
+  std::int64_t kept_impl = pool.apply_async(keep_it, nines).get(20s);
+  at::Tensor twos = fpt::empty({3}).fill_(2);
+  seen = pool.apply_async(look_then_add_one, twos).get(20s);
+  EXPECT_NE(seen[0], kept_impl);
+  EXPECT_EQ(seen[6], 6);
+  EXPECT_EQ(pool.apply_async(sum_of_kept).get(20s), 45.0);
 }
 
 }  // namespace

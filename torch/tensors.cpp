@@ -1,9 +1,11 @@
 #include <forkpool/torch/tensors.hpp>
 
 #include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/core/Storage.h>
 #include <torch/nn/module.h>
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cstdint>
@@ -15,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include <forkpool/pool/private/task_end.hpp>
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/shm/internal/storage.hpp>
 #include <forkpool/shm/tensor_codec.hpp>
@@ -270,6 +273,113 @@ at::Tensor tensor_over(const Holder& storage, std::int64_t offset, std::span<con
   return out;
 }
 
+// A pool worker's decoded tensors, reused from task to task. A worker decodes a torch::Tensor for
+// each argument and destroys it when the task ends: a TensorImpl and a storage (three allocations)
+// made and destroyed on every task were most of what a torch::Tensor round trip cost over a
+// forkpool::Tensor one. So a worker keeps the tensors its tasks decoded. When a task ends, each
+// that only the worker still holds, as a decode made it, lets go of its block (which goes home
+// with the result, as before) and waits without memory for a later decode, which fills it in.
+// Only a pool worker's serving thread keeps any (in_pool_task): nowhere else has a task's end at
+// which to let go.
+class KeptTensors {
+ public:
+  // A tensor over `storage` from a spare, or nullopt when there is none to reuse.
+  std::optional<at::Tensor> reuse(const Holder& storage, std::int64_t offset, std::span<const std::int64_t> shape,
+                                  std::span<const std::int64_t> strides, at::ScalarType type) {
+    bool inference = c10::InferenceMode::is_enabled();
+    auto spare = std::find_if(spares_.begin(), spares_.end(), [&](const Kept& k) { return k.inference == inference; });
+    if (spare == spares_.end()) return std::nullopt;
+    Kept kept = std::move(*spare);
+    spares_.erase(spare);
+    c10::TensorImpl& impl = *kept.tensor.unsafeGetTensorImpl();
+    auto& held = static_cast<HeldStorage&>(*impl.storage().unsafeGetStorageImpl());
+    held.holder = storage;
+    held.set_data_ptr_noswap(c10::DataPtr(storage->data(), &held.holder, &held_by_its_storage_impl, c10::kCPU));
+    held.set_nbytes(storage->size());
+    caffe2::TypeMeta dtype = caffe2::TypeMeta::fromScalarType(type);
+    if (impl.dtype() != dtype) impl.set_storage_and_dtype(impl.storage(), dtype);
+    impl.set_sizes_and_strides(at::IntArrayRef(shape.data(), shape.size()),
+                               at::IntArrayRef(strides.data(), strides.size()), offset);
+    // As new: a version counter of its own at 0 (a task that wrote in place moved it).
+    if (impl.version_counter().enabled() &&
+        (!impl.version_counter().unique() || impl.version_counter().current_version() != 0))
+      impl.set_version_counter(c10::VariableVersion(0));
+    at::Tensor out = kept.tensor;
+    keep(std::move(kept));
+    return out;
+  }
+
+  // Keeps `made`, a tensor a decode just made, until the task's end.
+  void keep_made(const at::Tensor& made) { keep({made, made.key_set(), c10::InferenceMode::is_enabled()}); }
+
+ private:
+  struct Kept {
+    at::Tensor tensor;
+    c10::DispatchKeySet keys;  // as the decode made it: a bit set since (conj, neg) is not as new
+    bool inference;            // made in InferenceMode (no autograd keys, no version counter)
+  };
+  static constexpr std::size_t kMost = 16;  // kept in use, and spare: a task of many tensors keeps its first
+
+  void keep(Kept kept) {
+    if (in_task_.size() >= kMost) return;
+    if (in_task_.empty()) forkpool::detail::at_every_task_end(&task_ended);
+    in_task_.push_back(std::move(kept));
+  }
+
+  // Whether only this keeps `kept`, and it is as a decode made it, beyond its view: nobody can
+  // see it change.
+  static bool reusable(const Kept& kept) {
+    const at::Tensor& t = kept.tensor;
+    if (t.use_count() != 1 || t.weak_use_count() != 1) return false;
+    const c10::TensorImpl& impl = *t.unsafeGetTensorImpl();
+    if (impl.key_set() != kept.keys || impl.autograd_meta() != nullptr || impl.has_named_tensor_meta() ||
+        impl.is_wrapped_number() || !impl.allow_tensor_metadata_change() || impl.has_symbolic_sizes_strides())
+      return false;
+    const c10::Storage& storage = impl.storage();
+    if (storage.use_count() != 1 || storage.resizable() ||
+        storage.data_ptr().get_deleter() != &held_by_its_storage_impl)
+      return false;
+    auto owned = c10::intrusive_ptr<c10::StorageImpl>::unsafe_reclaim_from_nonowning(storage.unsafeGetStorageImpl());
+    return owned.weak_use_count() == 1;
+  }
+
+  static void task_ended() noexcept {
+    KeptTensors& kept = instance();
+    for (Kept& k : kept.in_task_) {
+      if (!reusable(k) || kept.spares_.size() >= kMost) continue;  // (dropped below: the task's)
+      auto& held = static_cast<HeldStorage&>(*k.tensor.unsafeGetTensorImpl()->storage().unsafeGetStorageImpl());
+      held.set_data_ptr_noswap(c10::DataPtr(nullptr, &held.holder, &held_by_its_storage_impl, c10::kCPU));
+      held.set_nbytes(0);
+      held.holder.reset();
+      kept.spares_.push_back(std::move(k));
+    }
+    kept.in_task_.clear();
+  }
+
+ public:
+  // (Never destroyed: a worker may end with libtorch's own statics gone.)
+  static KeptTensors& instance() {
+    static auto* kept = new KeptTensors;
+    return *kept;
+  }
+
+ private:
+  std::vector<Kept> in_task_, spares_;
+};
+
+// A decode's tensor: a pool worker's spare filled in when it has one (and the block has no torch
+// storage named), else a new one, kept for reuse after the task when in a pool worker.
+at::Tensor decoded_tensor_over(const Holder& storage, std::int64_t offset, std::span<const std::int64_t> shape,
+                               std::span<const std::int64_t> strides, at::ScalarType type, std::size_t extent) {
+  if (!forkpool::detail::in_pool_task() || storage->has_binding())
+    return tensor_over(storage, offset, shape, strides, type, extent, Remember::no);
+  KeptTensors& kept = KeptTensors::instance();
+  if (std::optional<at::Tensor> reused = kept.reuse(storage, offset, shape, strides, type)) return *reused;
+  at::Tensor made = tensor_over(storage, offset, shape, strides, type, extent, Remember::no);
+  kept.keep_made(made);
+  return made;
+}
+
 }  // namespace
 
 bool is_shared(const at::Tensor& tensor) { return shared_storage_of(tensor) != nullptr; }
@@ -450,7 +560,7 @@ at::Tensor codec<at::Tensor>::decode(Reader& r) {
   std::optional<std::int64_t> offset = torch::element_offset(view.byte_offset, c10::elementSize(type));
   if (!offset)
     r.fail("a torch::Tensor arrived that " + torch::misplaced_view(view.byte_offset, c10::elementSize(type)));
-  at::Tensor out = torch::tensor_over(view.storage, *offset, shape, strides, type, view.extent, torch::Remember::no);
+  at::Tensor out = torch::decoded_tensor_over(view.storage, *offset, shape, strides, type, view.extent);
   if (flags & kRequiresGrad) {
     // (libtorch throws its own c10::Error for the others; a message that says so is malformed.)
     if (!at::isFloatingType(type) && !at::isComplexType(type))
