@@ -283,6 +283,12 @@ at::Tensor tensor_over(const Holder& storage, std::int64_t offset, std::span<con
 // which to let go.
 class KeptTensors {
  public:
+  // (Never destroyed: a worker may end with libtorch's own statics gone.)
+  static KeptTensors& instance() {
+    static auto* kept = new KeptTensors;
+    return *kept;
+  }
+
   // A tensor over `storage` from a spare, or nullopt when there is none to reuse.
   std::optional<at::Tensor> reuse(const Holder& storage, std::int64_t offset, std::span<const std::int64_t> shape,
                                   std::span<const std::int64_t> strides, at::ScalarType type) {
@@ -356,14 +362,11 @@ class KeptTensors {
     kept.in_task_.clear();
   }
 
- public:
-  // (Never destroyed: a worker may end with libtorch's own statics gone.)
-  static KeptTensors& instance() {
-    static auto* kept = new KeptTensors;
-    return *kept;
+  KeptTensors() {
+    in_task_.reserve(kMost);  // task_ended, noexcept, moves into spares_: never a new allocation
+    spares_.reserve(kMost);
   }
 
- private:
   std::vector<Kept> in_task_, spares_;
 };
 
