@@ -751,6 +751,13 @@ TEST(TorchTest, AWorkerReusesItsTensorsFromTaskToTaskAndEachArrivesAsNew) {
   EXPECT_EQ(seen[2], 0);
   EXPECT_EQ(seen[5], 6);
 
+  // Within one task (a chunk of three), each element reuses the one before it, which the task
+  // let go of: a long task holds no more blocks it dropped than the worker keeps.
+  std::vector<at::Tensor> three{fpt::zeros({2}), fpt::zeros({3}), fpt::zeros({4})};
+  std::vector<std::vector<std::int64_t>> looks = pool.map_async(look_then_add_one, three, 3).get(20s);
+  for (const std::vector<std::int64_t>& look : looks) EXPECT_EQ(look[0], looks[0][0]);
+  EXPECT_EQ(looks[2][5], 4);
+
   // A tensor the task keeps is the task's: the next tensor is another, and the kept one keeps
   // its memory and values.
   at::Tensor nines = fpt::empty({5}).fill_(9);

@@ -278,7 +278,8 @@ at::Tensor tensor_over(const Holder& storage, std::int64_t offset, std::span<con
 // made and destroyed on every task were most of what a torch::Tensor round trip cost over a
 // forkpool::Tensor one. So a worker keeps the tensors its tasks decoded. When a task ends, each
 // that only the worker still holds, as a decode made it, lets go of its block (which goes home
-// with the result, as before) and waits without memory for a later decode, which fills it in.
+// with the result, as before) and waits without memory for a later decode, which fills it in. A
+// decode within the task may reuse one the task let go of already.
 // Only a pool worker's serving thread keeps any (in_pool_task): nowhere else has a task's end at
 // which to let go.
 class KeptTensors {
@@ -292,11 +293,9 @@ class KeptTensors {
   // A tensor over `storage` from a spare, or nullopt when there is none to reuse.
   std::optional<at::Tensor> reuse(const Holder& storage, std::int64_t offset, std::span<const std::int64_t> shape,
                                   std::span<const std::int64_t> strides, at::ScalarType type) {
-    bool inference = c10::InferenceMode::is_enabled();
-    auto spare = std::find_if(spares_.begin(), spares_.end(), [&](const Kept& k) { return k.inference == inference; });
-    if (spare == spares_.end()) return std::nullopt;
+    std::optional<Kept> spare = take_spare();
+    if (!spare) return std::nullopt;
     Kept kept = std::move(*spare);
-    spares_.erase(spare);
     c10::TensorImpl& impl = *kept.tensor.unsafeGetTensorImpl();
     auto& held = static_cast<HeldStorage&>(*impl.storage().unsafeGetStorageImpl());
     held.holder = storage;
@@ -324,7 +323,26 @@ class KeptTensors {
     c10::DispatchKeySet keys;  // as the decode made it: a bit set since (conj, neg) is not as new
     bool inference;            // made in InferenceMode (no autograd keys, no version counter)
   };
-  static constexpr std::size_t kMost = 16;  // kept in use, and spare: a task of many tensors keeps its first
+  static constexpr std::size_t kMost = 4;  // kept in use, and spare: a task of many tensors keeps its first
+
+  // A spare made in the InferenceMode that is on now (a new tensor's keys and version counter
+  // depend on it): one from an earlier task, else one this task decoded and let go of already (the
+  // element before, in a chunk), so a long task holds no more blocks it dropped than this keeps.
+  std::optional<Kept> take_spare() {
+    bool inference = c10::InferenceMode::is_enabled();
+    auto fits = [&](const Kept& k) { return k.inference == inference; };
+    if (auto spare = std::find_if(spares_.begin(), spares_.end(), fits); spare != spares_.end()) {
+      Kept kept = std::move(*spare);
+      spares_.erase(spare);
+      return kept;
+    }
+    auto dropped =
+        std::find_if(in_task_.begin(), in_task_.end(), [&](const Kept& k) { return fits(k) && reusable(k); });
+    if (dropped == in_task_.end()) return std::nullopt;
+    Kept kept = std::move(*dropped);
+    in_task_.erase(dropped);
+    return kept;
+  }
 
   void keep(Kept kept) {
     if (in_task_.size() >= kMost) return;
