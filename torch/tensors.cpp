@@ -53,6 +53,13 @@ struct HeldStorage final : c10::StorageImpl {
     c10::StorageImpl::release_resources();
     holder.reset();
   }
+  // Lies over `storage` from now on, or over no memory when it is null (a kept tensor waiting).
+  void hold(Holder storage) {
+    holder = std::move(storage);
+    set_data_ptr_noswap(
+        c10::DataPtr(holder ? holder->data() : nullptr, &holder, &held_by_its_storage_impl, c10::Device(c10::kCPU)));
+    set_nbytes(holder ? holder->size() : 0);
+  }
   Holder holder;
 };
 
@@ -297,10 +304,7 @@ class KeptTensors {
     if (!spare) return std::nullopt;
     Kept kept = std::move(*spare);
     c10::TensorImpl& impl = *kept.tensor.unsafeGetTensorImpl();
-    auto& held = static_cast<HeldStorage&>(*impl.storage().unsafeGetStorageImpl());
-    held.holder = storage;
-    held.set_data_ptr_noswap(c10::DataPtr(storage->data(), &held.holder, &held_by_its_storage_impl, c10::kCPU));
-    held.set_nbytes(storage->size());
+    static_cast<HeldStorage&>(*impl.storage().unsafeGetStorageImpl()).hold(storage);
     caffe2::TypeMeta dtype = caffe2::TypeMeta::fromScalarType(type);
     if (impl.dtype() != dtype) impl.set_storage_and_dtype(impl.storage(), dtype);
     impl.set_sizes_and_strides(at::IntArrayRef(shape.data(), shape.size()),
@@ -345,9 +349,7 @@ class KeptTensors {
   }
 
   void keep(Kept kept) {
-    if (in_task_.size() >= kMost) return;
-    if (in_task_.empty()) forkpool::detail::at_every_task_end(&task_ended);
-    in_task_.push_back(std::move(kept));
+    if (in_task_.size() < kMost) in_task_.push_back(std::move(kept));
   }
 
   // Whether only this keeps `kept`, and it is as a decode made it, beyond its view: nobody can
@@ -371,18 +373,18 @@ class KeptTensors {
     KeptTensors& kept = instance();
     for (Kept& k : kept.in_task_) {
       if (!reusable(k) || kept.spares_.size() >= kMost) continue;  // (dropped below: the task's)
-      auto& held = static_cast<HeldStorage&>(*k.tensor.unsafeGetTensorImpl()->storage().unsafeGetStorageImpl());
-      held.set_data_ptr_noswap(c10::DataPtr(nullptr, &held.holder, &held_by_its_storage_impl, c10::kCPU));
-      held.set_nbytes(0);
-      held.holder.reset();
+      static_cast<HeldStorage&>(*k.tensor.unsafeGetTensorImpl()->storage().unsafeGetStorageImpl()).hold(nullptr);
       kept.spares_.push_back(std::move(k));
     }
     kept.in_task_.clear();
   }
 
+  // Made by a worker's first decode within a task (decoded_tensor_over), where the hook can be
+  // registered: once for the process.
   KeptTensors() {
     in_task_.reserve(kMost);  // task_ended, noexcept, moves into spares_: never a new allocation
     spares_.reserve(kMost);
+    forkpool::detail::at_every_task_end(&task_ended);
   }
 
   std::vector<Kept> in_task_, spares_;
