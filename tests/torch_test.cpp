@@ -512,6 +512,41 @@ TEST(TorchTest, ATensorThatComesBackIsOnTheStorageItLeft) {
   EXPECT_EQ(again.numel(), 8);
 }
 
+// What a worker sees of its argument, beside a tensor it makes itself: whether the two have the
+// same dispatch keys, and the argument is an inference tensor.
+std::vector<bool> keys_beside_a_new_tensor(at::Tensor t) {
+  return {t.key_set() == at::empty({1}).key_set(), t.is_inference()};
+}
+
+// forkpool builds a tensor's TensorImpl with its dispatch keys given, not worked out: they must be
+// the keys libtorch gives any new CPU tensor in the InferenceMode that is on, so that autograd,
+// in-place versions and inference tensors behave as on a tensor at::empty made.
+TEST(TorchTest, ATensorMadeOrDecodedHereHasTheKeysOfANewTensorInEitherInferenceMode) {
+  Pool pool({.processes = 1});
+  for (bool inference : {false, true}) {
+    SCOPED_TRACE(inference ? "in InferenceMode" : "outside InferenceMode");
+    c10::InferenceMode mode(inference);
+    c10::DispatchKeySet new_keys = at::empty({1}).key_set();
+    at::Tensor made = fpt::zeros({8});
+    at::Tensor back = pool.apply_async(identity, made).get(20s);
+    at::Tensor other = fpt::from_forkpool(Tensor::zeros({8}, DType::f32));
+    for (const at::Tensor& t : {made, back, other}) {
+      EXPECT_EQ(t.key_set(), new_keys);
+      EXPECT_EQ(t.is_inference(), inference);
+    }
+    if (!inference) {
+      EXPECT_EQ(back._version(), 0u);  // a version counter of its own, as a new tensor's
+      back.add_(1);
+      EXPECT_EQ(back._version(), 1u);
+      at::Tensor weights = ::torch::ones({8}, ::torch::requires_grad());
+      (weights * back).sum().backward();  // autograd sees a tensor it knows
+      EXPECT_TRUE(weights.grad().equal(back));
+    }
+  }
+  // A worker's argument, decoded outside InferenceMode there, beside the worker's own tensor.
+  EXPECT_EQ(pool.apply_async(keys_beside_a_new_tensor, fpt::zeros({8})).get(20s), (std::vector<bool>{true, false}));
+}
+
 // A torch storage made here is named in its block (a weak handle) and holds the block: the
 // block must still go back when the last tensor goes, the handle notwithstanding.
 TEST(TorchTest, ABlockGoesBackWhenTheLastTorchTensorOverItGoes) {

@@ -179,18 +179,19 @@ Dims parts_of(std::span<const std::int64_t> shape, std::span<const std::int64_t>
   return parts;
 }
 
-// The complex view whose parts `shape` and `strides` view, when they are laid out as parts_of
-// lays them out; else nullopt.
-std::optional<Dims> complex_view_of(std::span<const std::int64_t> shape, std::span<const std::int64_t> strides) {
-  if (shape.empty() || shape.back() != 2 || strides.back() != 1) return std::nullopt;
-  Dims complex;
+// Whether `shape` and `strides` view parts laid out as parts_of lays them out; if so, `complex` is
+// the complex view they are the parts of. (An out-parameter, not an optional: GCC zeroes an empty
+// std::optional's whole payload, here 1 KiB, and codec<at::Tensor>::decode would pay it on every
+// decode, PR 86173.)
+bool complex_view_of(std::span<const std::int64_t> shape, std::span<const std::int64_t> strides, Dims& complex) {
+  if (shape.empty() || shape.back() != 2 || strides.back() != 1) return false;
   complex.count = shape.size() - 1;
   for (std::size_t d = 0; d < complex.count; ++d) {
-    if (strides[d] % 2 != 0) return std::nullopt;
+    if (strides[d] % 2 != 0) return false;
     complex.shape_values[d] = shape[d];
     complex.stride_values[d] = strides[d] / 2;
   }
-  return complex;
+  return true;
 }
 
 // The forkpool storage under `tensor` if it is shared (is_shared), else null.
@@ -263,6 +264,22 @@ std::string misplaced_view(std::int64_t byte_offset, std::size_t element_bytes) 
          std::to_string(element_bytes) + " bytes";
 }
 
+// The dispatch keys libtorch gives a new CPU tensor in the InferenceMode that is on now. A tensor
+// is made with them by TensorImpl's constructor that takes its keys as given (libtorch's views
+// use it): the other one works them out from the backend's key on each call, most of its own time
+// in a decode (perf: 8% of a decode's samples, 3% with the keys given). Both make the same tensor
+// (TorchTest checks the keys).
+c10::DispatchKeySet new_cpu_tensor_keys() {
+  static const std::array<c10::DispatchKeySet, 2> keys = [] {
+    auto made_in = [](bool inference) {
+      c10::InferenceMode mode(inference);
+      return at::empty({0}, at::kFloat).key_set();
+    };
+    return std::array{made_in(false), made_in(true)};
+  }();
+  return keys[c10::InferenceMode::is_enabled()];
+}
+
 // A torch::Tensor over `storage`, viewed as given (its offset in elements), which reaches `extent`
 // bytes from its offset (a view checked already: a decoded one, or a forkpool::Tensor's).
 at::Tensor tensor_over(const Holder& storage, std::int64_t offset, std::span<const std::int64_t> shape,
@@ -270,10 +287,10 @@ at::Tensor tensor_over(const Holder& storage, std::int64_t offset, std::span<con
                        Remember remember) {
   std::size_t reach = static_cast<std::size_t>(offset) * c10::elementSize(type) + extent;
   c10::Storage shared = torch_storage_over(storage, reach, remember);
-  // Built as at::for_blob builds its tensor: no dispatched op (at::empty and set_ took about
-  // a third of a small tensor's round trip).
+  // Built as at::for_blob builds its tensor, with no dispatched op (at::empty and set_ took about
+  // a third of a small tensor's round trip), and with its keys given (see new_cpu_tensor_keys).
   at::Tensor out = at::detail::make_tensor<c10::TensorImpl>(
-      std::move(shared), c10::DispatchKeySet(c10::DispatchKey::CPU), caffe2::TypeMeta::fromScalarType(type));
+      c10::TensorImpl::VIEW, std::move(shared), new_cpu_tensor_keys(), caffe2::TypeMeta::fromScalarType(type));
   // (The offset in the same call: set_storage_offset is a virtual call with its own checks.)
   out.unsafeGetTensorImpl()->set_sizes_and_strides(at::IntArrayRef(shape.data(), shape.size()),
                                                    at::IntArrayRef(strides.data(), strides.size()), offset);
@@ -455,7 +472,8 @@ at::Tensor empty(at::IntArrayRef sizes, const c10::TensorOptions& options) {
     std::vector<std::int64_t> parts_shape = vector_of(sizes);
     parts_shape.push_back(2);
     Tensor parts = Tensor::empty(std::move(parts_shape), element.dtype);
-    Dims complex = *complex_view_of(parts.shape(), parts.strides());
+    Dims complex;
+    complex_view_of(parts.shape(), parts.strides(), complex);  // (laid out so by Tensor::empty)
     out = tensor_over(parts.storage(), 0, complex.shape(), complex.strides(), type, parts.nbytes(), Remember::yes);
   }
   // A memory format lays the same dense block out another way, as torch::empty does.
@@ -568,17 +586,16 @@ at::Tensor codec<at::Tensor>::decode(Reader& r) {
   if (!view.storage || !view.storage->is_shared()) r.fail("a torch::Tensor arrived without shared memory under it");
   at::ScalarType type = torch::scalar_type_of(view.dtype);
   std::span<const std::int64_t> shape = view.shape(), strides = view.strides();
-  std::optional<torch::Dims> complex;
+  torch::Dims complex;  // (its arrays left unset: a decode's hot path)
   if (flags & kComplex) {
     std::optional<at::ScalarType> complex_type = torch::complex_of(view.dtype);
-    if (complex_type) complex = torch::complex_view_of(shape, strides);
-    if (!complex)
+    if (!complex_type || !torch::complex_view_of(shape, strides, complex))
       r.fail(
           "a complex torch::Tensor arrived whose parts are not two of a floating dtype in a last dimension of "
           "stride 1, as at::view_as_real lays them out");
     type = *complex_type;
-    shape = complex->shape();
-    strides = complex->strides();
+    shape = complex.shape();
+    strides = complex.strides();
   }
   std::optional<std::int64_t> offset = torch::element_offset(view.byte_offset, c10::elementSize(type));
   if (!offset)
