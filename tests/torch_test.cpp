@@ -778,6 +778,15 @@ TEST(TorchTest, AWorkerReusesItsTensorsFromTaskToTaskAndEachArrivesAsNew) {
   EXPECT_EQ(seen[5], 4);
   EXPECT_EQ(seen[6], 3 + 4 + 5 + 6);
   EXPECT_EQ(longs[3].item<std::int64_t>(), 4);
+  // The same shape and strides at another offset (the reuse keeps a view it has already), then
+  // the same view again: each at its own offset, with its own values.
+  for (std::int64_t sum : {6 + 7 + 7 + 8, 7 + 8 + 8 + 9}) {
+    seen = pool.apply_async(look_then_add_one, longs.slice(0, 5, 9)).get(20s);
+    EXPECT_EQ(seen[0], first_impl);
+    EXPECT_EQ(seen[4], 5);
+    EXPECT_EQ(seen[5], 4);
+    EXPECT_EQ(seen[6], sum);
+  }
 
   // One that requires grad arrives so; the next, which does not, arrives without.
   at::Tensor leaf = fpt::zeros({4}, at::TensorOptions().dtype(at::kDouble).requires_grad(true));

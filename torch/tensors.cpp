@@ -196,8 +196,12 @@ bool complex_view_of(std::span<const std::int64_t> shape, std::span<const std::i
 
 // The forkpool storage under `tensor` if it is shared (is_shared), else null.
 const Holder* shared_storage_of(const at::Tensor& tensor) {
-  if (!tensor.defined() || !tensor.has_storage()) return nullptr;
-  const c10::DataPtr& data = tensor.storage().data_ptr();
+  if (!tensor.defined()) return nullptr;
+  // (unsafe_storage: inline, where has_storage() and storage() are virtual calls into libc10; a
+  // tensor without a storage of its own has an empty one here, or one that is not forkpool's.)
+  const c10::Storage& storage = tensor.unsafeGetTensorImpl()->unsafe_storage();
+  if (!storage) return nullptr;
+  const c10::DataPtr& data = storage.data_ptr();
   return holds_forkpool_memory(data) ? &holder_of(data) : nullptr;
 }
 
@@ -321,11 +325,13 @@ class KeptTensors {
     if (!spare) return std::nullopt;
     Kept kept = std::move(*spare);
     c10::TensorImpl& impl = *kept.tensor.unsafeGetTensorImpl();
-    static_cast<HeldStorage&>(*impl.storage().unsafeGetStorageImpl()).hold(storage);
+    static_cast<HeldStorage&>(*impl.unsafe_storage().unsafeGetStorageImpl()).hold(storage);
     caffe2::TypeMeta dtype = caffe2::TypeMeta::fromScalarType(type);
-    if (impl.dtype() != dtype) impl.set_storage_and_dtype(impl.storage(), dtype);
-    impl.set_sizes_and_strides(at::IntArrayRef(shape.data(), shape.size()),
-                               at::IntArrayRef(strides.data(), strides.size()), offset);
+    if (impl.dtype() != dtype) impl.set_storage_and_dtype(impl.unsafe_storage(), dtype);
+    at::IntArrayRef sizes(shape.data(), shape.size()), steps(strides.data(), strides.size());
+    // (Most tasks take the same view each time: then its contiguity, worked out again, is the same.)
+    if (impl.sizes() != sizes || impl.strides() != steps || impl.storage_offset() != offset)
+      impl.set_sizes_and_strides(sizes, steps, offset);
     // As new: a version counter of its own at 0 (a task that wrote in place moved it).
     if (impl.version_counter().enabled() &&
         (!impl.version_counter().unique() || impl.version_counter().current_version() != 0))
@@ -378,7 +384,7 @@ class KeptTensors {
     if (impl.key_set() != kept.keys || impl.autograd_meta() != nullptr || impl.has_named_tensor_meta() ||
         impl.is_wrapped_number() || !impl.allow_tensor_metadata_change() || impl.has_symbolic_sizes_strides())
       return false;
-    const c10::Storage& storage = impl.storage();
+    const c10::Storage& storage = impl.unsafe_storage();
     if (storage.use_count() != 1 || storage.resizable() ||
         storage.data_ptr().get_deleter() != &held_by_its_storage_impl)
       return false;
@@ -390,7 +396,7 @@ class KeptTensors {
     KeptTensors& kept = instance();
     for (Kept& k : kept.in_task_) {
       if (!reusable(k) || kept.spares_.size() >= kMost) continue;  // (dropped below: the task's)
-      static_cast<HeldStorage&>(*k.tensor.unsafeGetTensorImpl()->storage().unsafeGetStorageImpl()).hold(nullptr);
+      static_cast<HeldStorage&>(*k.tensor.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl()).hold(nullptr);
       kept.spares_.push_back(std::move(k));
     }
     kept.in_task_.clear();
