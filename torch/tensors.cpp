@@ -325,7 +325,7 @@ class KeptTensors {
     if (!spare) return std::nullopt;
     Kept kept = std::move(*spare);
     c10::TensorImpl& impl = *kept.tensor.unsafeGetTensorImpl();
-    static_cast<HeldStorage&>(*impl.unsafe_storage().unsafeGetStorageImpl()).hold(storage);
+    held_storage_of(kept.tensor).hold(storage);
     caffe2::TypeMeta dtype = caffe2::TypeMeta::fromScalarType(type);
     if (impl.dtype() != dtype) impl.set_storage_and_dtype(impl.unsafe_storage(), dtype);
     at::IntArrayRef sizes(shape.data(), shape.size()), steps(strides.data(), strides.size());
@@ -371,6 +371,11 @@ class KeptTensors {
     return kept;
   }
 
+  // A kept tensor's storage, always one a decode made here (reusable() checks its deleter).
+  static HeldStorage& held_storage_of(const at::Tensor& tensor) {
+    return static_cast<HeldStorage&>(*tensor.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl());
+  }
+
   void keep(Kept kept) {
     if (in_task_.size() < kMost) in_task_.push_back(std::move(kept));
   }
@@ -396,7 +401,7 @@ class KeptTensors {
     KeptTensors& kept = instance();
     for (Kept& k : kept.in_task_) {
       if (!reusable(k) || kept.spares_.size() >= kMost) continue;  // (dropped below: the task's)
-      static_cast<HeldStorage&>(*k.tensor.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl()).hold(nullptr);
+      held_storage_of(k.tensor).hold(nullptr);
       kept.spares_.push_back(std::move(k));
     }
     kept.in_task_.clear();
