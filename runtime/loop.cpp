@@ -18,6 +18,7 @@
 #include <forkpool/runtime/private/errno.hpp>
 #include <forkpool/runtime/internal/io.hpp>
 #include <forkpool/runtime/private/loop_internals.hpp>
+#include <forkpool/runtime/private/loop_wait.hpp>
 
 namespace forkpool {
 namespace {
@@ -238,7 +239,10 @@ std::size_t detail::LoopInternals::turn(Loop& loop, bool block) {
   try {
     if (block && !loop.spinners_.empty()) {
       handled = loop.backend_->reap(false);
-      if (handled == 0) handled = spin_before_sleep(loop.spinners_, *loop.backend_);
+      if (handled == 0) {
+        detail::run_loop_wait_hooks();  // (while the peers work: off the path of what they send)
+        handled = spin_before_sleep(loop.spinners_, *loop.backend_);
+      }
     }
     if (handled == 0) handled = loop.backend_->reap(block);
     // A turn that does not block may be a host loop's (run_ready): it sleeps in its own poll,

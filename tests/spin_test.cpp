@@ -12,11 +12,13 @@
 #include <atomic>
 #include <chrono>
 #include <new>
+#include <optional>
 #include <thread>
 #include <vector>
 
 #include <forkpool/pool/private/pool_internals.hpp>
 #include <forkpool/pool/pool.hpp>
+#include <forkpool/runtime/private/loop_wait.hpp>
 #include <forkpool/runtime/private/spin.hpp>
 #include <forkpool/runtime/loop.hpp>
 #include "support.hpp"
@@ -44,6 +46,27 @@ void round_trips(Pool& pool, int count) {
     EXPECT_EQ((co_await pool.map(ident, inputs, 1)).size(), inputs.size());
   };
   run(body());
+}
+
+std::atomic<int> waits_seen_by_once{0}, waits_seen_by_twice{0};
+void count_once() noexcept { waits_seen_by_once.fetch_add(1, std::memory_order_relaxed); }
+void count_twice() noexcept { waits_seen_by_twice.fetch_add(1, std::memory_order_relaxed); }
+
+// A loop-wait hook (forkpool-torch makes its next TensorImpl there) runs whenever a pool's loop
+// is about to wait for a worker, whether it then spins or sleeps: at least once a round trip to a
+// task that naps. A hook registered twice runs once a wait, as one registered once.
+TEST(Spin, ALoopWaitHookRunsWheneverThePoolsLoopWaitsForAWorker) {
+  detail::at_every_loop_wait(&count_once);
+  detail::at_every_loop_wait(&count_twice);
+  detail::at_every_loop_wait(&count_twice);
+  for (std::optional<std::chrono::nanoseconds> spin : {std::optional<std::chrono::nanoseconds>{}, std::optional{0ns}}) {
+    SCOPED_TRACE(spin ? "spin = 0" : "spin adaptive");
+    Pool pool({.processes = 1, .spin = spin});
+    int before = waits_seen_by_once.load();
+    for (int i = 0; i < 50; ++i) EXPECT_EQ(pool.apply_async(nap, 1).get(), 1);
+    EXPECT_GE(waits_seen_by_once.load() - before, 50);
+  }
+  EXPECT_EQ(waits_seen_by_twice.load(), waits_seen_by_once.load());
 }
 
 TEST(Spin, WithSpinZeroNeitherThePoolNorItsWorkersEverPoll) {

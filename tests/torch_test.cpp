@@ -10,8 +10,10 @@
 #include <memory>
 #include <random>
 #include <optional>
-#include <thread>
 #include <numeric>
+#include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include <forkpool/forkpool.hpp>
@@ -545,6 +547,69 @@ TEST(TorchTest, ATensorMadeOrDecodedHereHasTheKeysOfANewTensorInEitherInferenceM
   }
   // A worker's argument, decoded outside InferenceMode there, beside the worker's own tensor.
   EXPECT_EQ(pool.apply_async(keys_beside_a_new_tensor, fpt::zeros({8})).get(20s), (std::vector<bool>{true, false}));
+}
+
+int a_number() { return 42; }
+
+// The parent makes its next TensorImpl while its loop waits for a worker, with the view the last
+// decode set and the keys of the waiting thread's InferenceMode. Each tensor given one must still
+// arrive with its own view and dtype, and the keys of a new tensor in its own mode.
+TEST(TorchTest, ATensorImplMadeWhileTheLoopWaitedArrivesAsNewWhateverItsViewOrMode) {
+  Pool pool({.processes = 1});
+  at::Tensor longs = fpt::empty({10}, at::kLong);
+  for (int i = 0; i < 10; ++i) longs[i] = i;
+  // The same view twice (the second on a spare made with it), then others.
+  for (auto [from, to] : std::vector<std::pair<std::int64_t, std::int64_t>>{{3, 7}, {3, 7}, {5, 9}, {0, 10}, {9, 10}}) {
+    SCOPED_TRACE("elements " + std::to_string(from) + " to " + std::to_string(to));
+    at::Tensor back = pool.apply_async(identity, longs.slice(0, from, to)).get(20s);
+    EXPECT_EQ(back.storage_offset(), from);
+    EXPECT_EQ(back.sizes(), at::IntArrayRef({to - from}));
+    EXPECT_TRUE(back.equal(longs.slice(0, from, to)));
+    EXPECT_EQ(back._version(), 0u);
+  }
+  at::Tensor transposed = fpt::zeros({3, 4}, at::kDouble).t();
+  at::Tensor back = pool.apply_async(identity, transposed).get(20s);
+  EXPECT_EQ(back.scalar_type(), at::kDouble);
+  EXPECT_EQ(back.strides(), transposed.strides());
+  EXPECT_FALSE(back.is_contiguous());
+
+  // A spare made while the loop waited in InferenceMode (for a result without a tensor) has an
+  // inference tensor's keys: a tensor made outside the mode is not given it, nor the reverse.
+  c10::DispatchKeySet outside_keys = at::empty({1}).key_set(), inside_keys;
+  {
+    c10::InferenceMode mode;
+    inside_keys = at::empty({1}).key_set();
+    EXPECT_EQ(pool.apply_async(a_number).get(20s), 42);
+  }
+  at::Tensor outside = fpt::from_forkpool(Tensor::zeros({8}, DType::f32));
+  EXPECT_EQ(outside.key_set(), outside_keys);
+  EXPECT_FALSE(outside.is_inference());
+  outside.add_(1);
+  EXPECT_EQ(outside._version(), 1u);
+  EXPECT_EQ(pool.apply_async(a_number).get(20s), 42);
+  c10::InferenceMode mode;
+  at::Tensor inside = fpt::from_forkpool(Tensor::zeros({8}, DType::f32));
+  EXPECT_EQ(inside.key_set(), inside_keys);
+  EXPECT_TRUE(inside.is_inference());
+}
+
+// Loops on two threads, one in InferenceMode, make and take the parent's spare TensorImpl at
+// once (TSan runs this): each tensor arrives whole, with its own thread's keys.
+TEST(TorchTest, PoolsOnTwoThreadsDecodeTensorsAtOnce) {
+  std::vector<std::thread> threads;
+  for (int thread = 0; thread < 2; ++thread)
+    threads.emplace_back([inference = thread == 1] {
+      Pool pool({.processes = 1});
+      c10::InferenceMode mode(inference);
+      for (int i = 0; i < 200; ++i) {
+        at::Tensor sent = fpt::zeros({1 + i % 3 + (inference ? 4 : 0)});
+        sent.fill_(i);
+        at::Tensor back = pool.apply_async(identity, sent).get(20s);
+        EXPECT_TRUE(back.equal(sent));
+        EXPECT_EQ(back.is_inference(), inference);
+      }
+    });
+  for (std::thread& thread : threads) thread.join();
 }
 
 // A torch storage made here is named in its block (a weak handle) and holds the block: the

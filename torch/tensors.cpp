@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <bit>
 #include <cstdint>
 #include <cstring>
@@ -19,6 +20,7 @@
 
 #include <forkpool/pool/private/task_end.hpp>
 #include <forkpool/runtime/error.hpp>
+#include <forkpool/runtime/private/loop_wait.hpp>
 #include <forkpool/shm/internal/storage.hpp>
 #include <forkpool/shm/tensor_codec.hpp>
 
@@ -118,8 +120,35 @@ at::ScalarType scalar_type_of(DType dtype) {
   throw Error("forkpool-torch: a tensor of an unknown dtype");
 }
 
+// The dispatch keys libtorch gives a new CPU tensor outside and inside InferenceMode: a dense
+// tensor on the CPU and nothing more (no view that is read negated or conjugated, not sparse,
+// quantized, nested or a zero tensor: each its own key).
+const std::array<c10::DispatchKeySet, 2>& new_cpu_tensor_key_sets() {
+  static const std::array<c10::DispatchKeySet, 2> keys = [] {
+    auto made_in = [](bool inference) {
+      c10::InferenceMode mode(inference);
+      return at::empty({0}, at::kFloat).key_set();
+    };
+    return std::array{made_in(false), made_in(true)};
+  }();
+  return keys;
+}
+
+// The keys of a new CPU tensor in the InferenceMode that is on now. A tensor is made with them by
+// TensorImpl's constructor that takes its keys as given (libtorch's views use it): the other one
+// works them out from the backend's key on each call, most of its own time in a decode (perf: 8%
+// of a decode's samples, 3% with the keys given). Both make the same tensor (TorchTest checks the
+// keys).
+c10::DispatchKeySet new_cpu_tensor_keys() { return new_cpu_tensor_key_sets()[c10::InferenceMode::is_enabled()]; }
+
 // What the tensor's elements are made of, when forkpool can share it; else an Error naming why not.
 Element check_shareable(const at::Tensor& tensor) {
+  // Most tensors have a new tensor's keys, and then only the dtype is left to check (names, too,
+  // are a key: Named).
+  const c10::TensorImpl& impl = *tensor.unsafeGetTensorImpl();  // (undefined: keys of its own)
+  const std::array<c10::DispatchKeySet, 2>& plain = new_cpu_tensor_key_sets();
+  if (impl.key_set() == plain[0] || impl.key_set() == plain[1])
+    return element_of(c10::typeMetaToScalarType(impl.dtype()));
   if (!tensor.defined()) throw Error("forkpool-torch: an undefined tensor cannot cross");
   if (!tensor.device().is_cpu())
     throw Error("forkpool-torch: a tensor on " + tensor.device().str() + " cannot cross: only CPU tensors are shared");
@@ -149,6 +178,17 @@ c10::DataPtr data_ptr_over(Holder storage) {
 
 std::vector<std::int64_t> vector_of(at::IntArrayRef values) { return {values.begin(), values.end()}; }
 std::span<const std::int64_t> span_of(at::IntArrayRef values) { return {values.data(), values.size()}; }
+
+// Whether `impl` has this view already. (Element by element: ArrayRef's == calls memcmp through
+// the PLT, about 30 ns of a round trip for a view of a dimension or two.)
+bool has_view(const c10::TensorImpl& impl, std::span<const std::int64_t> shape, std::span<const std::int64_t> strides,
+              std::int64_t offset) {
+  at::IntArrayRef sizes = impl.sizes(), steps = impl.strides();
+  if (sizes.size() != shape.size() || impl.storage_offset() != offset) return false;
+  for (std::size_t d = 0; d < shape.size(); ++d)
+    if (sizes[d] != shape[d] || steps[d] != strides[d]) return false;
+  return true;
+}
 
 // A view's shape and strides, built here (a complex view's, or its parts').
 struct Dims {
@@ -268,21 +308,92 @@ std::string misplaced_view(std::int64_t byte_offset, std::size_t element_bytes) 
          std::to_string(element_bytes) + " bytes";
 }
 
-// The dispatch keys libtorch gives a new CPU tensor in the InferenceMode that is on now. A tensor
-// is made with them by TensorImpl's constructor that takes its keys as given (libtorch's views
-// use it): the other one works them out from the backend's key on each call, most of its own time
-// in a decode (perf: 8% of a decode's samples, 3% with the keys given). Both make the same tensor
-// (TorchTest checks the keys).
-c10::DispatchKeySet new_cpu_tensor_keys() {
-  static const std::array<c10::DispatchKeySet, 2> keys = [] {
-    auto made_in = [](bool inference) {
-      c10::InferenceMode mode(inference);
-      return at::empty({0}, at::kFloat).key_set();
-    };
-    return std::array{made_in(false), made_in(true)};
-  }();
-  return keys[c10::InferenceMode::is_enabled()];
-}
+// The parent's next TensorImpl, made while a loop waits for a worker (a loop-wait hook), so that a
+// decode takes one ready. A decode's TensorImpl is the caller's, so it cannot be reused as a
+// worker's are, and making it (two allocations, the constructor, the view's contiguity worked
+// out) was about 200 ns of the parent's part of a round trip (perf). Most results are viewed as
+// the one before: the spare is made with the view and dtype of the last tensor made without one,
+// and a decode that wants another sets its own. Any thread takes it (an exchange). It has the keys
+// of the waiting thread's InferenceMode; a decode in the other mode drops it and makes its own.
+class SpareTensorImpl {
+ public:
+  // (Never destroyed: a loop may wait, and run the hook, until the process ends.)
+  static SpareTensorImpl& instance() {
+    static SpareTensorImpl* const spare = [] {
+      auto* made = new SpareTensorImpl;
+      forkpool::detail::at_every_loop_wait(&make_while_waiting);
+      return made;
+    }();
+    return *spare;
+  }
+
+  // The spare when it has these keys (a new tensor's, in the caller's InferenceMode), else null.
+  c10::intrusive_ptr<c10::TensorImpl> take(c10::DispatchKeySet keys) {
+    c10::TensorImpl* made = made_.exchange(nullptr, std::memory_order_acquire);
+    if (!made) return {};
+    auto impl = c10::intrusive_ptr<c10::TensorImpl>::reclaim(made);
+    if (impl->key_set() != keys) return {};
+    return impl;
+  }
+
+  // The next spare is made viewed so. (Skipped while another thread reads or sets it.)
+  void want(std::span<const std::int64_t> shape, std::span<const std::int64_t> strides, std::int64_t offset,
+            caffe2::TypeMeta dtype) noexcept {
+    if (wanted_lock_.test_and_set(std::memory_order_acquire)) return;
+    wanted_.set(shape, strides, offset, dtype);
+    wanted_lock_.clear(std::memory_order_release);
+  }
+
+ private:
+  struct View {
+    Dims dims;
+    std::int64_t offset = 0;
+    caffe2::TypeMeta dtype;
+    bool set_yet = false;
+    void set(std::span<const std::int64_t> shape, std::span<const std::int64_t> strides, std::int64_t at,
+             caffe2::TypeMeta type) noexcept {
+      dims.count = shape.size();
+      std::copy(shape.begin(), shape.end(), dims.shape_values.begin());
+      std::copy(strides.begin(), strides.end(), dims.stride_values.begin());
+      offset = at;
+      dtype = type;
+      set_yet = true;
+    }
+  };
+
+  // The storage a spare lies over until a decode gives it its own: an empty one.
+  static c10::Storage placeholder() {
+    static const c10::Storage* const empty = new c10::Storage(c10::make_intrusive<c10::StorageImpl>(
+        c10::StorageImpl::use_byte_size_t(), 0, c10::DataPtr(nullptr, c10::Device(c10::kCPU)), nullptr, false));
+    return *empty;
+  }
+
+  static void make_while_waiting() noexcept {
+    SpareTensorImpl& spare = instance();
+    if (spare.made_.load(std::memory_order_relaxed)) return;
+    if (spare.wanted_lock_.test_and_set(std::memory_order_acquire)) return;
+    View view;
+    if (spare.wanted_.set_yet)
+      view.set(spare.wanted_.dims.shape(), spare.wanted_.dims.strides(), spare.wanted_.offset, spare.wanted_.dtype);
+    spare.wanted_lock_.clear(std::memory_order_release);
+    if (!view.set_yet) return;
+    try {
+      auto impl =
+          c10::make_intrusive<c10::TensorImpl>(c10::TensorImpl::VIEW, placeholder(), new_cpu_tensor_keys(), view.dtype);
+      impl->set_sizes_and_strides(at::IntArrayRef(view.dims.shape().data(), view.dims.count),
+                                  at::IntArrayRef(view.dims.strides().data(), view.dims.count), view.offset);
+      c10::TensorImpl* none = nullptr;
+      if (spare.made_.compare_exchange_strong(none, impl.get(), std::memory_order_release, std::memory_order_relaxed))
+        impl.release();
+    } catch (...) {
+      // (none made: the next decode makes its own)
+    }
+  }
+
+  std::atomic<c10::TensorImpl*> made_{nullptr};  // a reference of its own (intrusive_ptr::release)
+  std::atomic_flag wanted_lock_;                 // held while wanted_ is read or set; never waited for
+  View wanted_;
+};
 
 // A torch::Tensor over `storage`, viewed as given (its offset in elements), which reaches `extent`
 // bytes from its offset (a view checked already: a decoded one, or a forkpool::Tensor's).
@@ -292,13 +403,25 @@ at::Tensor tensor_over(const Holder& storage, std::int64_t offset, std::span<con
   std::size_t reach = static_cast<std::size_t>(offset) * c10::elementSize(type) + extent;
   c10::Storage shared = torch_storage_over(storage, reach, remember);
   // Built as at::for_blob builds its tensor, with no dispatched op (at::empty and set_ took about
-  // a third of a small tensor's round trip), and with its keys given (see new_cpu_tensor_keys).
-  at::Tensor out = at::detail::make_tensor<c10::TensorImpl>(
-      c10::TensorImpl::VIEW, std::move(shared), new_cpu_tensor_keys(), caffe2::TypeMeta::fromScalarType(type));
+  // a third of a small tensor's round trip), and with its keys given (see new_cpu_tensor_keys):
+  // the spare a loop made while it waited, else a new one.
+  c10::DispatchKeySet keys = new_cpu_tensor_keys();
+  caffe2::TypeMeta dtype = caffe2::TypeMeta::fromScalarType(type);
+  SpareTensorImpl& spare = SpareTensorImpl::instance();
+  c10::intrusive_ptr<c10::TensorImpl> impl = spare.take(keys);
+  if (impl && impl->dtype() == dtype && has_view(*impl, shape, strides, offset)) {
+    impl->set_storage_keep_dtype(std::move(shared));  // (set_storage_and_dtype copies it once more)
+    return at::Tensor(std::move(impl));
+  }
+  if (impl)
+    impl->set_storage_and_dtype(std::move(shared), dtype);
+  else
+    impl = c10::make_intrusive<c10::TensorImpl>(c10::TensorImpl::VIEW, std::move(shared), keys, dtype);
   // (The offset in the same call: set_storage_offset is a virtual call with its own checks.)
-  out.unsafeGetTensorImpl()->set_sizes_and_strides(at::IntArrayRef(shape.data(), shape.size()),
-                                                   at::IntArrayRef(strides.data(), strides.size()), offset);
-  return out;
+  impl->set_sizes_and_strides(at::IntArrayRef(shape.data(), shape.size()),
+                              at::IntArrayRef(strides.data(), strides.size()), offset);
+  spare.want(shape, strides, offset, dtype);  // the next spare is made as this one
+  return at::Tensor(std::move(impl));
 }
 
 // A pool worker's decoded tensors, reused from task to task. A worker decodes a torch::Tensor for
@@ -328,10 +451,10 @@ class KeptTensors {
     held_storage_of(kept.tensor).hold(storage);
     caffe2::TypeMeta dtype = caffe2::TypeMeta::fromScalarType(type);
     if (impl.dtype() != dtype) impl.set_storage_and_dtype(impl.unsafe_storage(), dtype);
-    at::IntArrayRef sizes(shape.data(), shape.size()), steps(strides.data(), strides.size());
     // (Most tasks take the same view each time: then its contiguity, worked out again, is the same.)
-    if (impl.sizes() != sizes || impl.strides() != steps || impl.storage_offset() != offset)
-      impl.set_sizes_and_strides(sizes, steps, offset);
+    if (!has_view(impl, shape, strides, offset))
+      impl.set_sizes_and_strides(at::IntArrayRef(shape.data(), shape.size()),
+                                 at::IntArrayRef(strides.data(), strides.size()), offset);
     // As new: a version counter of its own at 0 (a task that wrote in place moved it).
     if (impl.version_counter().enabled() &&
         (!impl.version_counter().unique() || impl.version_counter().current_version() != 0))
@@ -393,8 +516,12 @@ class KeptTensors {
     if (storage.use_count() != 1 || storage.resizable() ||
         storage.data_ptr().get_deleter() != &held_by_its_storage_impl)
       return false;
-    auto owned = c10::intrusive_ptr<c10::StorageImpl>::unsafe_reclaim_from_nonowning(storage.unsafeGetStorageImpl());
-    return owned.weak_use_count() == 1;
+    // (Its weak count read through a handle borrowed and given back: a reference of our own
+    // would cost an increment and a decrement at every task's end.)
+    auto borrowed = c10::intrusive_ptr<c10::StorageImpl>::reclaim(storage.unsafeGetStorageImpl());
+    bool unseen = borrowed.weak_use_count() == 1;
+    borrowed.release();
+    return unseen;
   }
 
   static void task_ended() noexcept {
@@ -425,7 +552,8 @@ at::Tensor decoded_tensor_over(const Holder& storage, std::int64_t offset, std::
   if (!forkpool::detail::in_pool_task() || storage->has_binding())
     return tensor_over(storage, offset, shape, strides, type, extent, Remember::no);
   KeptTensors& kept = KeptTensors::instance();
-  if (std::optional<at::Tensor> reused = kept.reuse(storage, offset, shape, strides, type)) return *reused;
+  if (std::optional<at::Tensor> reused = kept.reuse(storage, offset, shape, strides, type))
+    return std::move(*reused);  // (a copy would cost an increment and a decrement)
   at::Tensor made = tensor_over(storage, offset, shape, strides, type, extent, Remember::no);
   kept.keep_made(made);
   return made;
