@@ -1,6 +1,7 @@
 #include <forkpool/torch/tensors.hpp>
 
 #include <ATen/ATen.h>
+#include <c10/core/AutogradState.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/core/Storage.h>
 #include <torch/nn/module.h>
@@ -134,12 +135,22 @@ const std::array<c10::DispatchKeySet, 2>& new_cpu_tensor_key_sets() {
   return keys;
 }
 
+// Whether InferenceMode is on in the calling thread, as InferenceMode::is_enabled() tells, read
+// through the address of libc10's thread-local AutogradState, which this thread keeps: is_enabled()
+// is two calls and a __tls_get_addr into libc10 (13 ns warm, about 40 ns in a round trip, paid on
+// each side). (initial-exec, as the loop's in libforkpool, which this library goes with.)
+bool inference_mode_on() {
+  __attribute__((tls_model("initial-exec"))) static thread_local const c10::AutogradState* state = nullptr;
+  if (!state) state = &c10::AutogradState::get_tls_state();
+  return state->get_inference_mode();
+}
+
 // The keys of a new CPU tensor in the InferenceMode that is on now. A tensor is made with them by
 // TensorImpl's constructor that takes its keys as given (libtorch's views use it): the other one
 // works them out from the backend's key on each call, most of its own time in a decode (perf: 8%
 // of a decode's samples, 3% with the keys given). Both make the same tensor (TorchTest checks the
 // keys).
-c10::DispatchKeySet new_cpu_tensor_keys() { return new_cpu_tensor_key_sets()[c10::InferenceMode::is_enabled()]; }
+c10::DispatchKeySet new_cpu_tensor_keys() { return new_cpu_tensor_key_sets()[inference_mode_on()]; }
 
 // What the tensor's elements are made of, when forkpool can share it; else an Error naming why not.
 Element check_shareable(const at::Tensor& tensor) {
@@ -441,14 +452,15 @@ class KeptTensors {
     return *kept;
   }
 
-  // A tensor over `storage` from a spare, or nullopt when there is none to reuse.
-  std::optional<at::Tensor> reuse(const Holder& storage, std::int64_t offset, std::span<const std::int64_t> shape,
+  // A tensor over `storage` (moved into it) from a spare, or nullopt when there is none to reuse
+  // (`storage` left as it was).
+  std::optional<at::Tensor> reuse(Holder& storage, std::int64_t offset, std::span<const std::int64_t> shape,
                                   std::span<const std::int64_t> strides, at::ScalarType type) {
     std::optional<Kept> spare = take_spare();
     if (!spare) return std::nullopt;
     Kept kept = std::move(*spare);
     c10::TensorImpl& impl = *kept.tensor.unsafeGetTensorImpl();
-    held_storage_of(kept.tensor).hold(storage);
+    held_storage_of(kept.tensor).hold(std::move(storage));
     caffe2::TypeMeta dtype = caffe2::TypeMeta::fromScalarType(type);
     if (impl.dtype() != dtype) impl.set_storage_and_dtype(impl.unsafe_storage(), dtype);
     // (Most tasks take the same view each time: then its contiguity, worked out again, is the same.)
@@ -465,7 +477,7 @@ class KeptTensors {
   }
 
   // Keeps `made`, a tensor a decode just made, until the task's end.
-  void keep_made(const at::Tensor& made) { keep({made, made.key_set(), c10::InferenceMode::is_enabled()}); }
+  void keep_made(const at::Tensor& made) { keep({made, made.key_set(), inference_mode_on()}); }
 
  private:
   struct Kept {
@@ -479,7 +491,7 @@ class KeptTensors {
   // depend on it): one from an earlier task, else one this task decoded and let go of already (the
   // element before, in a chunk), so a long task holds no more blocks it dropped than this keeps.
   std::optional<Kept> take_spare() {
-    bool inference = c10::InferenceMode::is_enabled();
+    bool inference = inference_mode_on();
     auto fits = [&](const Kept& k) { return k.inference == inference; };
     if (auto spare = std::find_if(spares_.begin(), spares_.end(), fits); spare != spares_.end()) {
       Kept kept = std::move(*spare);
@@ -547,7 +559,7 @@ class KeptTensors {
 
 // A decode's tensor: a pool worker's spare filled in when it has one (and the block has no torch
 // storage named), else a new one, kept for reuse after the task when in a pool worker.
-at::Tensor decoded_tensor_over(const Holder& storage, std::int64_t offset, std::span<const std::int64_t> shape,
+at::Tensor decoded_tensor_over(Holder storage, std::int64_t offset, std::span<const std::int64_t> shape,
                                std::span<const std::int64_t> strides, at::ScalarType type, std::size_t extent) {
   if (!forkpool::detail::in_pool_task() || storage->has_binding())
     return tensor_over(storage, offset, shape, strides, type, extent, Remember::no);
@@ -739,7 +751,7 @@ at::Tensor codec<at::Tensor>::decode(Reader& r) {
   std::optional<std::int64_t> offset = torch::element_offset(view.byte_offset, c10::elementSize(type));
   if (!offset)
     r.fail("a torch::Tensor arrived that " + torch::misplaced_view(view.byte_offset, c10::elementSize(type)));
-  at::Tensor out = torch::decoded_tensor_over(view.storage, *offset, shape, strides, type, view.extent);
+  at::Tensor out = torch::decoded_tensor_over(std::move(view.storage), *offset, shape, strides, type, view.extent);
   if (flags & kRequiresGrad) {
     // (libtorch throws its own c10::Error for the others; a message that says so is malformed.)
     if (!at::isFloatingType(type) && !at::isComplexType(type))
