@@ -63,7 +63,7 @@ TEST(Spin, ALoopWaitHookRunsWheneverThePoolsLoopWaitsForAWorker) {
     SCOPED_TRACE(spin ? "spin = 0" : "spin adaptive");
     Pool pool({.processes = 1, .spin = spin});
     int before = waits_seen_by_once.load();
-    for (int i = 0; i < 50; ++i) EXPECT_EQ(pool.apply_async(nap, 1).get(), 1);
+    for (int i = 0; i < 50; ++i) EXPECT_EQ(pool.apply_async(nap, 1).get(20s), 1);
     EXPECT_GE(waits_seen_by_once.load() - before, 50);
   }
   EXPECT_EQ(waits_seen_by_twice.load(), waits_seen_by_once.load());

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <limits>
 #include <memory>
 #include <random>
@@ -599,14 +600,18 @@ TEST(TorchTest, PoolsOnTwoThreadsDecodeTensorsAtOnce) {
   std::vector<std::thread> threads;
   for (int thread = 0; thread < 2; ++thread)
     threads.emplace_back([inference = thread == 1] {
-      Pool pool({.processes = 1});
-      c10::InferenceMode mode(inference);
-      for (int i = 0; i < 200; ++i) {
-        at::Tensor sent = fpt::zeros({1 + i % 3 + (inference ? 4 : 0)});
-        sent.fill_(i);
-        at::Tensor back = pool.apply_async(identity, sent).get(20s);
-        EXPECT_TRUE(back.equal(sent));
-        EXPECT_EQ(back.is_inference(), inference);
+      try {  // (an exception escaping a thread would end the whole suite)
+        Pool pool({.processes = 1});
+        c10::InferenceMode mode(inference);
+        for (int i = 0; i < 200; ++i) {
+          at::Tensor sent = fpt::zeros({1 + i % 3 + (inference ? 4 : 0)});
+          sent.fill_(i);
+          at::Tensor back = pool.apply_async(identity, sent).get(20s);
+          EXPECT_TRUE(back.equal(sent));
+          EXPECT_EQ(back.is_inference(), inference);
+        }
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << e.what();
       }
     });
   for (std::thread& thread : threads) thread.join();

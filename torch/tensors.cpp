@@ -383,9 +383,7 @@ class SpareTensorImpl {
     SpareTensorImpl& spare = instance();
     if (spare.made_.load(std::memory_order_relaxed)) return;
     if (spare.wanted_lock_.test_and_set(std::memory_order_acquire)) return;
-    View view;
-    if (spare.wanted_.set_yet)
-      view.set(spare.wanted_.dims.shape(), spare.wanted_.dims.strides(), spare.wanted_.offset, spare.wanted_.dtype);
+    View view = spare.wanted_;
     spare.wanted_lock_.clear(std::memory_order_release);
     if (!view.set_yet) return;
     try {
