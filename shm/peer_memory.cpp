@@ -33,17 +33,19 @@ std::optional<PeerMemory::Introduction> PeerMemory::lend(const OutgoingBlocks& b
     for (const auto& storage : blocks.storages()) {
       Slab& slab = *storage->slab();
       auto peer_name = peer_name_.find(slab.id());
-      if (introduced_.try_emplace(slab.id(), slab.weak_from_this()).second) {
+      bool theirs = peer_name != peer_name_.end();
+      auto [known, fresh] = introduced_.try_emplace(slab.id(), Introduced{slab.weak_from_this(), !theirs});
+      if (fresh) {
         introduction.slab_ids.push_back(slab.id());
         watched.push_back(&slab);
-        if (peer_name != peer_name_.end()) {
+        if (theirs) {
           entries.insert(entries.end(), {slab.id(), kYourSlab, peer_name->second});
         } else {
           entries.insert(entries.end(), {slab.id(), kNewSlab, slab.size()});
           introduction.fds.push_back(slab.fd());
         }
       }
-      if (peer_name != peer_name_.end()) continue;  // the peer's own block: it holds it already
+      if (!known->second.lends) continue;  // the peer's own block: it holds it already
       lent_.lend(storage);
     }
   }
@@ -83,14 +85,18 @@ void PeerMemory::accept_introduction(std::span<const std::byte> payload, std::sp
     }
     std::lock_guard lock(mutex_);
     if (from_peer_.contains(peer_id)) broken("the peer introduces its slab " + std::to_string(peer_id) + " twice");
-    if (known.theirs) {
+    if (known.theirs && known.theirs->owned()) {
+      // Our own slab, which the peer had from elsewhere (a queue): its blocks are ours, lent.
+      known.ours = std::exchange(known.theirs, nullptr);
+      known.lent_by_peer = true;
+    } else if (known.theirs) {
       peer_name_[known.theirs->id()] = peer_id;
     } else {
       // Only a slab we gave the peer can come back as ours.
       auto it = introduced_.find(value);
-      if (it == introduced_.end() || it->second.expired())
+      if (it == introduced_.end() || it->second.slab.expired())
         broken("the peer names slab " + std::to_string(value) + " as ours, which we did not give it");
-      known.ours = it->second;
+      known.ours = it->second.slab;
     }
     from_peer_.emplace(peer_id, std::move(known));
   }
@@ -100,6 +106,7 @@ void PeerMemory::accept_introduction(std::span<const std::byte> payload, std::sp
 IncomingBlocks PeerMemory::accept_blocks(std::span<const BlockEntry> table) {
   std::vector<std::shared_ptr<Storage>> storages;
   storages.reserve(table.size());
+  std::vector<std::uint64_t> give_back;  // (peer's slab id, offset, 1)... of our blocks it lent us
   for (const BlockEntry& entry : table) {
     std::shared_ptr<Slab> slab;
     bool ours = false;
@@ -110,6 +117,7 @@ IncomingBlocks PeerMemory::accept_blocks(std::span<const BlockEntry> table) {
         broken("a message names slab " + std::to_string(entry.slab) + ", which was never introduced");
       ours = !it->second.theirs;
       slab = ours ? it->second.ours.lock() : it->second.theirs;
+      if (it->second.lent_by_peer) give_back.insert(give_back.end(), {entry.slab, entry.offset, 1});
     }
     std::shared_ptr<Storage> storage;
     if (ours) {
@@ -131,6 +139,11 @@ IncomingBlocks PeerMemory::accept_blocks(std::span<const BlockEntry> table) {
       if (first) storage->notify_on_release(shared_from_this());
     }
     storages.push_back(std::move(storage));
+  }
+  if (!give_back.empty()) {  // we hold our own blocks already: the peer's hold ends at once
+    std::unique_lock lock(mutex_);
+    due_.blocks.insert(due_.blocks.end(), give_back.begin(), give_back.end());
+    release_due(lock);
   }
   return IncomingBlocks(std::move(storages));
 }

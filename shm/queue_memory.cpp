@@ -20,10 +20,6 @@ namespace {
 // came before costs no mmap and no page faults.
 constexpr std::size_t kKeptBytes = 256 << 20;
 
-struct ReleaseEntry {
-  std::uint64_t slab, offset, count;
-};
-
 [[noreturn]] void broken(const std::string& what) { throw ProtocolError("forkpool: queue item: " + what); }
 
 }  // namespace
@@ -121,7 +117,6 @@ IncomingBlocks QueueMemory::borrow(std::span<const std::byte>& payload, std::vec
 
   // Destroyed after the lock is let go, on a throw too: a storage's release takes mutex_.
   std::vector<std::shared_ptr<Storage>> storages;
-  DroppedStorages dropped;
   std::lock_guard lock(mutex_);
   send_pending();
   std::shared_ptr<UniqueFd> owner = owner_socket(take(index.back()));
@@ -132,7 +127,9 @@ IncomingBlocks QueueMemory::borrow(std::span<const std::byte>& payload, std::vec
     std::shared_ptr<Storage> storage = slab->receive_block(entry.offset, entry.bytes);
     if (!storage) broken("a block that is not valid in its slab");
     if (slab->owned()) {
-      lent_.came_home(slab->id(), entry.offset, 1, dropped);  // our own block, back through the queue
+      // Our own block, back through the queue: we hold it already, so the putter's hold on it
+      // (its own lending, whoever put it) ends at once.
+      send_home(owner, {entry.slab, entry.offset, 1});
     } else {
       if (borrowed_.borrow(storage->id(), owner, entry.slab, entry.offset))
         storage->notify_on_release(shared_from_this());
@@ -154,10 +151,13 @@ void QueueMemory::storage_released(std::uint64_t storage_id) {
   std::lock_guard lock(mutex_);
   auto home = borrowed_.released(storage_id);
   if (!home) return;
-  ReleaseEntry entry{home->slab, home->offset, home->count};
+  send_home(std::move(home->home), {home->slab, home->offset, home->count});
+}
+
+void QueueMemory::send_home(OwnerSocket owner, const ReleaseEntry& entry) {
   std::vector<std::byte> bytes(sizeof entry);
   std::memcpy(bytes.data(), &entry, sizeof entry);
-  pending_.emplace_back(std::move(home->home), std::move(bytes));
+  pending_.emplace_back(std::move(owner), std::move(bytes));
   send_pending();
 }
 

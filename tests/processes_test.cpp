@@ -16,6 +16,8 @@
 
 #include <forkpool/pool/pool.hpp>
 #include <forkpool/pool/process.hpp>
+#include <forkpool/shm/shared_memory.hpp>
+#include <forkpool/sync/pipe.hpp>
 #include <forkpool/sync/queue.hpp>
 #include <forkpool/pool/spawn.hpp>
 #include <forkpool/sync/sync.hpp>
@@ -424,6 +426,60 @@ TEST(QueueTest, AQueuePassedToAPoolTaskIsUsedThere) {
   Pool pool({.processes = 2});
   pool.apply_async(put_square, q, 5).get();
   EXPECT_EQ(test_support::get_within(q), 25);
+}
+
+// The routes a tensor can take between processes, each a task or process of the walk below.
+Tensor take_from_queue(Queue<Tensor> q) { return test_support::get_within(q); }
+int put_argument(Queue<Tensor> q, Tensor t) {
+  q.put(t);
+  return 0;
+}
+Tensor take_from_pipe(Connection<Tensor> end) { return end.recv(); }
+Tensor return_argument(Tensor t) { return t; }
+void put_from_process(Queue<Tensor> q, Tensor t) { q.put(t); }
+int make_and_put(Queue<Tensor> q, int id) {
+  q.put(tensor_number(id));
+  return 0;
+}
+
+// Issue 58.1: a tensor that reached a worker by a queue and came back as its result broke the
+// lending books (the next tensor argument was refused: "not one lent to it"). Every route, in
+// both directions, many times over: the values stay, the pool serves on, and once everything is
+// dropped no block is held anywhere.
+TEST(QueueTest, ATensorWalkingEveryRouteManyTimesKeepsItsValuesAndTheBooksRight) {
+  std::size_t in_use_before = shared_memory_stats().in_use_bytes;
+  {
+    Queue<Tensor> to_worker, to_parent;
+    auto [here, there] = Pipe<Tensor>();
+    Pool pool({.processes = 1});
+    Tensor t = tensor_number(7);
+    for (int round = 0; round < 20; ++round) {
+      to_worker.put(t);  // parent -> queue -> worker -> result
+      t = pool.apply_async(take_from_queue, to_worker).get(20s);
+      ASSERT_TRUE(is_tensor_number(t, 7)) << "round " << round;
+      ASSERT_EQ(pool.apply_async(put_argument, to_parent, t).get(20s), 0);  // argument -> queue -> parent
+      t = test_support::get_within(to_parent);
+      ASSERT_TRUE(is_tensor_number(t, 7)) << "round " << round;
+      here.send(t);  // parent -> pipe -> worker -> result
+      t = pool.apply_async(take_from_pipe, there).get(20s);
+      t = pool.apply_async(return_argument, t).get(20s);          // argument -> result
+      Process p = start_process(put_from_process, to_parent, t);  // process argument -> queue -> parent
+      t = test_support::get_within(to_parent);
+      p.join();
+      ASSERT_EQ(p.exitcode(), 0);
+      ASSERT_TRUE(is_tensor_number(t, 7)) << "round " << round;
+      // A worker's own tensor: worker -> queue -> parent -> argument -> queue -> worker -> result.
+      ASSERT_EQ(pool.apply_async(make_and_put, to_parent, round).get(20s), 0);
+      Tensor made = test_support::get_within(to_parent);
+      to_worker.put(pool.apply_async(return_argument, made).get(20s));
+      made = pool.apply_async(take_from_queue, to_worker).get(20s);
+      ASSERT_TRUE(is_tensor_number(made, round)) << "round " << round;
+    }
+    EXPECT_EQ(pool.apply_async(put_argument, to_parent, tensor_number(9)).get(20s), 0) << "the pool serves on";
+    EXPECT_TRUE(is_tensor_number(test_support::get_within(to_parent), 9));
+  }
+  EXPECT_TRUE(test_support::eventually([&] { return shared_memory_stats().in_use_bytes <= in_use_before; }))
+      << "blocks still held: " << shared_memory_stats().in_use_bytes - in_use_before << " bytes";
 }
 
 TEST(QueueTest, AFullQueueMakesPutWaitAndPutWithATimeoutTimesOut) {

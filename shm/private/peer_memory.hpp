@@ -88,6 +88,16 @@ class PeerMemory final : public ReleaseListener, public std::enable_shared_from_
   struct PeerSlab {
     std::shared_ptr<Slab> theirs;  // kept mapped until the peer forgets it
     std::weak_ptr<Slab> ours;      // a slab of ours the peer names under its own id
+    // A slab of ours that reached the peer another way (a queue) and that it introduced as new:
+    // it lends us its blocks as it would its own, so each comes back to it at once.
+    bool lent_by_peer = false;
+  };
+  // A slab of ours (or one we map) that the peer knows. Whether we lend its blocks is fixed by
+  // how we introduced it, so that both sides agree on every message: as new (we lend them), or
+  // as the peer's own (we do not).
+  struct Introduced {
+    std::weak_ptr<Slab> slab;
+    bool lends = true;
   };
   // A block borrowed from the peer goes home over the conversation: no address needed.
   struct OverTheConversation {};
@@ -95,9 +105,9 @@ class PeerMemory final : public ReleaseListener, public std::enable_shared_from_
 
   pid_t owner_;  // a forked child inherits this object, but what it releases is not the owner's
   std::mutex mutex_;
-  std::unordered_map<std::uint64_t, std::weak_ptr<Slab>> introduced_;  // our slabs the peer knows, by id
-  std::unordered_map<std::uint64_t, std::uint64_t> peer_name_;         // our slab id -> the peer's, for its slabs
-  std::unordered_map<std::uint64_t, PeerSlab> from_peer_;              // by the peer's slab id
+  std::unordered_map<std::uint64_t, Introduced> introduced_;    // our slabs the peer knows, by id
+  std::unordered_map<std::uint64_t, std::uint64_t> peer_name_;  // our slab id -> the peer's, for its slabs
+  std::unordered_map<std::uint64_t, PeerSlab> from_peer_;       // by the peer's slab id
   LentBlocks lent_;
   BorrowedBlocks<OverTheConversation> borrowed_;
   DroppedStorages dropped_scratch_;  // accept_release's, kept for its capacity

@@ -52,11 +52,15 @@ class QueueMemory final : public ReleaseListener, public std::enable_shared_from
   QueueMemory();  // for instance()
 
  private:
-  using OwnerSocket = std::shared_ptr<UniqueFd>;        // where a borrowed block goes home
-  void collect_releases(DroppedStorages& dropped);      // mutex_ held
-  void send_pending();                                  // mutex_ held
-  std::shared_ptr<UniqueFd> owner_socket(UniqueFd fd);  // mutex_ held
-  void keep_mapped(const std::shared_ptr<Slab>& slab);  // mutex_ held
+  using OwnerSocket = std::shared_ptr<UniqueFd>;  // where a borrowed block goes home
+  struct ReleaseEntry {
+    std::uint64_t slab, offset, count;  // the owner's slab id
+  };
+  void send_home(OwnerSocket owner, const ReleaseEntry& entry);  // mutex_ held
+  void collect_releases(DroppedStorages& dropped);               // mutex_ held
+  void send_pending();                                           // mutex_ held
+  std::shared_ptr<UniqueFd> owner_socket(UniqueFd fd);           // mutex_ held
+  void keep_mapped(const std::shared_ptr<Slab>& slab);           // mutex_ held
 
   std::mutex mutex_;
   UniqueFd releases_in_, releases_out_;  // consumers send to out (attached to items); we read in
