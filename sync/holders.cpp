@@ -25,33 +25,29 @@ bool process_ended(pid_t pid) noexcept {
   return after_name && after_name[1] == ' ' && (after_name[2] == 'Z' || after_name[2] == 'X');
 }
 
-void HolderTable::add(pid_t pid, std::int32_t delta) noexcept {
+std::uint64_t HolderTable::pack(Slot slot) noexcept {
+  std::uint64_t packed;
+  std::memcpy(&packed, &slot, sizeof packed);
+  return packed;
+}
+
+HolderTable::Change HolderTable::change(pid_t pid, std::int32_t delta) noexcept {
   Slot* free_slot = nullptr;
   for (Slot& slot : slots) {
     if (slot.pid == pid) {
-      slot.count += delta;
-      if (slot.count <= 0) slot = {};
-      return;
+      std::int32_t count = slot.count + delta;
+      return {word(slot), pack(count <= 0 ? Slot{} : Slot{pid, count})};
     }
     if (slot.pid == 0 && !free_slot) free_slot = &slot;
   }
-  if (delta > 0 && free_slot) *free_slot = {pid, delta};
+  if (delta > 0 && free_slot) return {word(*free_slot), pack({pid, delta})};
+  return {};
 }
 
-std::int64_t HolderTable::take_ended() noexcept {
-  std::int64_t held = 0;
-  for (Slot& slot : slots) {
-    if (slot.pid == 0 || !process_ended(slot.pid)) continue;
-    held += slot.count;
-    slot = {};
-  }
-  return held;
-}
-
-bool HolderTable::any_ended() const noexcept {
-  for (const Slot& slot : slots)
-    if (slot.pid != 0 && process_ended(slot.pid)) return true;
-  return false;
+HolderTable::Slot* HolderTable::ended() noexcept {
+  for (Slot& slot : slots)
+    if (slot.pid != 0 && process_ended(slot.pid)) return &slot;
+  return nullptr;
 }
 
 void HolderTable::clear() noexcept {

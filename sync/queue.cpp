@@ -15,6 +15,7 @@
 
 #include <forkpool/sync/private/waits.hpp>
 #include <forkpool/sync/private/holders.hpp>
+#include <forkpool/sync/private/journal.hpp>
 #include <forkpool/shm/private/queue_memory.hpp>
 #include <forkpool/sync/private/shared_page.hpp>
 #include <forkpool/runtime/error.hpp>
@@ -58,13 +59,29 @@ struct QueueState {
   pthread_mutex_t turn;
   std::atomic<std::uint32_t> stage;    // a QueueCore::Stage
   std::atomic<std::uint64_t> item_id;  // the item being taken (its frame's request id)
-  std::atomic<std::int64_t> items;     // put and not yet got: approximate (updated after the fact)
-  // JoinableQueue: items put and not yet task_done() (the futex word join() sleeps on), and
-  // which consumers got items they have not called task_done() for (under the turn).
+  // Items put (by any process, without the turn) and got (under the turn): qsize() is their
+  // difference, approximate (each is updated after the fact).
+  std::atomic<std::int64_t> items_put;
+  std::atomic<std::int64_t> items_got;
+  // JoinableQueue: items put, and items done (task_done(), or got by a consumer that ended; the
+  // futex word join() sleeps on); the difference is the unfinished items. And which consumers
+  // got items they have not called task_done() for (under the turn).
   std::int32_t joinable;
-  std::atomic<std::uint32_t> unfinished;
+  std::atomic<std::uint32_t> joinable_put;
+  std::atomic<std::uint32_t> done;
   HolderTable unfinished_by;
+  // Each change of several of these words is one commit: a consumer killed inside get() or
+  // task_done() leaves them all as they were, or all changed (issue 58.2).
+  Journal journal;
 };
+// Items put to a JoinableQueue and not yet done.
+std::uint32_t unfinished_of(const QueueState& state) { return state.joinable_put.load() - state.done.load(); }
+// The words a journal sets, as it sets them.
+template <class T>
+auto* word_of(std::atomic<T>& atomic) {
+  static_assert(sizeof(std::atomic<T>) == sizeof(T));
+  return reinterpret_cast<T*>(&atomic);
+}
 static_assert(sizeof(QueueState) <= SharedPage::kSize);
 QueueState& state_of(SharedPage& page) { return *page.as<QueueState>(); }
 }  // namespace
@@ -165,7 +182,7 @@ bool QueueCore::put(const Writer& item, Deadline deadline) {
     item_not_sent();
     throw;
   }
-  state_of(*page_).items.fetch_add(1);
+  state_of(*page_).items_put.fetch_add(1);
   return true;
 }
 
@@ -186,52 +203,62 @@ Task<void> QueueCore::async_put(Writer item) {
     item_not_sent();
     throw;
   }
-  state_of(*page_).items.fetch_add(1);
+  state_of(*page_).items_put.fetch_add(1);
 }
 
 void QueueCore::item_coming() {
   QueueState& state = state_of(*page_);
-  if (state.joinable) state.unfinished.fetch_add(1);
+  if (state.joinable) state.joinable_put.fetch_add(1);
 }
 
 void QueueCore::item_not_sent() {
   give_token();
   QueueState& state = state_of(*page_);
-  if (state.joinable && state.unfinished.fetch_sub(1) == 1) futex_wake_all(&state.unfinished);
+  if (state.joinable && state.joinable_put.fetch_sub(1) - 1 == state.done.load()) futex_wake_all(&state.done);
 }
 
 std::size_t QueueCore::qsize() const {
-  return static_cast<std::size_t>(std::max<std::int64_t>(0, state_of(*page_).items.load()));
+  QueueState& state = state_of(*page_);
+  return static_cast<std::size_t>(std::max<std::int64_t>(0, state.items_put.load() - state.items_got.load()));
 }
 
 void QueueCore::task_done() {
   QueueState& state = state_of(*page_);
   TakeTurn turn(*this, /*wait=*/true);
-  if (state.unfinished.load() == 0)
+  std::uint32_t done = state.done.load();
+  if (unfinished_of(state) == 0)
     throw std::logic_error("forkpool: JoinableQueue::task_done() called more times than items were put");
-  state.unfinished_by.add(getpid(), -1);
-  if (state.unfinished.fetch_sub(1) == 1) futex_wake_all(&state.unfinished);
+  HolderTable::Change held = state.unfinished_by.change(getpid(), -1);
+  if (held.slot)
+    state.journal.commit(&state, {{word_of(state.done), done + 1}, {held.slot, held.packed}});
+  else
+    state.journal.commit(&state, {{word_of(state.done), done + 1}});
+  if (unfinished_of(state) == 0) futex_wake_all(&state.done);
 }
 
 // Items got by consumers that ended without task_done() are done: nobody else will say so.
 void QueueCore::settle_ended_consumers() {
   QueueState& state = state_of(*page_);
   TakeTurn turn(*this, /*wait=*/true);
-  std::int64_t abandoned = std::min<std::int64_t>(state.unfinished_by.take_ended(), state.unfinished.load());
-  if (abandoned > 0 && state.unfinished.fetch_sub(static_cast<std::uint32_t>(abandoned)) == abandoned)
-    futex_wake_all(&state.unfinished);
+  bool woke = false;
+  while (HolderTable::Slot* slot = state.unfinished_by.ended()) {
+    std::uint32_t abandoned = std::min(static_cast<std::uint32_t>(std::max(slot->count, 0)), unfinished_of(state));
+    state.journal.commit(&state, {{word_of(state.done), state.done.load() + abandoned}, {HolderTable::word(*slot), 0}});
+    woke = woke || (abandoned > 0 && unfinished_of(state) == 0);
+  }
+  if (woke) futex_wake_all(&state.done);
 }
 
 bool QueueCore::join_tasks(Deadline deadline) {
   QueueState& state = state_of(*page_);
   for (;;) {
-    std::uint32_t unfinished = state.unfinished.load();
-    if (unfinished == 0) return true;
+    std::uint32_t done = state.done.load();
+    if (unfinished_of(state) == 0) return true;
     auto now = std::chrono::steady_clock::now();
     if (deadline && now >= *deadline) return false;
     auto slice = deadline ? std::min<std::chrono::nanoseconds>(kEndedHolderCheck, *deadline - now) : kEndedHolderCheck;
-    wait_for_word(&state.unfinished, unfinished, slice, "forkpool: JoinableQueue::join");
-    if (state.unfinished.load() != 0) settle_ended_consumers();
+    wait_for_word(&state.done, done, slice, "forkpool: JoinableQueue::join");
+    if (unfinished_of(state) != 0) settle_ended_consumers();
   }
 }
 
@@ -240,7 +267,10 @@ bool QueueCore::enter_turn(bool wait) {
   bool holder_died = false;
   bool held = robust_lock_taken(turn, wait ? pthread_mutex_lock(&turn) : pthread_mutex_trylock(&turn), holder_died,
                                 "forkpool: Queue::get");
-  if (holder_died) settle_abandoned_take();
+  if (holder_died) {
+    state_of(*page_).journal.replay(&state_of(*page_));
+    settle_abandoned_take();
+  }
   return held;
 }
 
@@ -272,11 +302,20 @@ std::optional<std::uint64_t> QueueCore::begin_take() {
 std::optional<Message> QueueCore::receive_taken() {
   std::optional<Message> item = get_end_.try_receive();
   QueueState& state = state_of(*page_);
-  state.stage.store(static_cast<std::uint32_t>(item ? Stage::taken : Stage::idle));
-  if (item) {
-    state.items.fetch_sub(1);
-    if (state.joinable) state.unfinished_by.add(getpid(), 1);
+  if (!item) {
+    state.stage.store(static_cast<std::uint32_t>(Stage::idle));
+    return item;
   }
+  // Taken, counted and (for join()) recorded as ours in one commit. A kill before it is a take
+  // settle_abandoned_take() finishes; after it, the item is ours until task_done() or our end.
+  auto taken = static_cast<std::uint32_t>(Stage::taken);
+  auto got = static_cast<std::uint64_t>(state.items_got.load() + 1);
+  HolderTable::Change held = state.joinable ? state.unfinished_by.change(getpid(), 1) : HolderTable::Change{};
+  if (held.slot)
+    state.journal.commit(&state,
+                         {{word_of(state.stage), taken}, {word_of(state.items_got), got}, {held.slot, held.packed}});
+  else
+    state.journal.commit(&state, {{word_of(state.stage), taken}, {word_of(state.items_got), got}});
   return item;
 }
 
@@ -293,7 +332,19 @@ void QueueCore::settle_abandoned_take() {
   bool item_left =
       stage == Stage::taken || (stage == Stage::taking && get_end_.peek_request_id() != state.item_id.load());
   if (item_left) give_token();
-  state.stage.store(static_cast<std::uint32_t>(Stage::idle));
+  auto idle = static_cast<std::uint32_t>(Stage::idle);
+  if (stage == Stage::taking && item_left) {
+    // The item reached a consumer that died before it counted it: it is gone from the queue,
+    // and done (nobody can call task_done() for it).
+    auto got = static_cast<std::uint64_t>(state.items_got.load() + 1);
+    bool done = state.joinable && unfinished_of(state) > 0;
+    state.journal.commit(&state, {{word_of(state.stage), idle},
+                                  {word_of(state.items_got), got},
+                                  {word_of(state.done), state.done.load() + (done ? 1 : 0)}});
+    if (done && unfinished_of(state) == 0) futex_wake_all(&state.done);
+    return;
+  }
+  state.stage.store(idle);
 }
 
 void QueueCore::recover_abandoned_take() { TakeTurn turn(*this, /*wait=*/false); }

@@ -10,6 +10,7 @@
 
 #include <forkpool/sync/private/waits.hpp>
 #include <forkpool/sync/private/holders.hpp>
+#include <forkpool/sync/private/journal.hpp>
 #include <forkpool/sync/private/shared_page.hpp>
 #include <forkpool/runtime/loop.hpp>
 
@@ -24,35 +25,57 @@ struct SemaphoreState {
   std::int32_t initial;
   std::int32_t bound;  // the most value may be: BoundedSemaphore's start value
   detail::HolderTable holders;
+  // Every change of value and holders is one commit of the journal: a process killed inside
+  // acquire() or release() leaves both as they were, or both changed (issue 58.3).
+  detail::Journal journal;
 };
 static_assert(sizeof(SemaphoreState) <= detail::SharedPage::kSize);
 static_assert(std::atomic<std::int32_t>::is_always_lock_free);
 
 SemaphoreState& state_of(detail::SharedPage& page) { return *page.as<SemaphoreState>(); }
 
-// A holder that died mid-update: at worst a unit is lost or comes back early.
+// Completes the change of a holder that died inside it.
 class Guard : public detail::RobustGuard {
  public:
-  explicit Guard(SemaphoreState& state) : RobustGuard(state.mutex, "forkpool: Semaphore") {}
+  explicit Guard(SemaphoreState& state) : RobustGuard(state.mutex, "forkpool: Semaphore") {
+    if (holder_died()) state.journal.replay(&state);
+  }
 };
+
+// Sets value to `value` and adds `delta` to what this process holds, in one commit.
+void change_units(SemaphoreState& state, std::int32_t value, std::int32_t delta) {
+  detail::HolderTable::Change held = state.holders.change(getpid(), delta);
+  auto* word = reinterpret_cast<std::int32_t*>(&state.value);
+  if (held.slot)
+    state.journal.commit(&state, {{word, static_cast<std::uint32_t>(value)}, {held.slot, held.packed}});
+  else
+    state.journal.commit(&state, {{word, static_cast<std::uint32_t>(value)}});
+}
 
 bool take_unit(SemaphoreState& state) {
   Guard guard(state);
-  if (state.value.load() <= 0) return false;
-  state.value.fetch_sub(1);
-  state.holders.add(getpid(), 1);
+  std::int32_t value = state.value.load();
+  if (value <= 0) return false;
+  change_units(state, value - 1, 1);
   return true;
 }
 
 // Units held by processes that ended come back, up to the start value.
 void give_back_ended(SemaphoreState& state) {
-  Guard guard(state);
-  std::int64_t held = state.holders.take_ended();
-  std::int64_t room = std::max<std::int64_t>(0, std::int64_t{state.initial} - state.value.load());
-  auto back = static_cast<std::int32_t>(std::min(held, room));
-  if (back == 0) return;
-  state.value.fetch_add(back);
-  detail::futex_wake(&state.value, back);
+  std::int32_t back = 0;
+  {
+    Guard guard(state);
+    while (detail::HolderTable::Slot* slot = state.holders.ended()) {
+      std::int32_t value = state.value.load();
+      std::int32_t room = std::max(0, state.initial - value);
+      std::int32_t returned = std::min(slot->count, room);
+      state.journal.commit(
+          &state, {{reinterpret_cast<std::int32_t*>(&state.value), static_cast<std::uint32_t>(value + returned)},
+                   {detail::HolderTable::word(*slot), 0}});
+      back += returned;
+    }
+  }
+  if (back > 0) detail::futex_wake(&state.value, back);
 }
 
 bool acquire_until(SemaphoreState& state, detail::Deadline deadline) {
@@ -113,8 +136,7 @@ void Semaphore::release() {
       throw std::logic_error(state.bound == INT_MAX
                                  ? "forkpool: Semaphore released past INT_MAX (Python: released too many times)"
                                  : "forkpool: BoundedSemaphore released more times than it was acquired");
-    state.value.fetch_add(1);
-    state.holders.add(getpid(), -1);
+    change_units(state, state.value.load() + 1, -1);
   }
   detail::futex_wake(&state.value, 1);
 }

@@ -17,6 +17,7 @@
 
 #include <forkpool/sync/private/waits.hpp>
 #include <forkpool/sync/private/holders.hpp>
+#include <forkpool/sync/private/journal.hpp>
 #include <forkpool/sync/private/shared_page.hpp>
 #include <forkpool/runtime/private/errno.hpp>
 #include <forkpool/runtime/private/loaded_objects.hpp>
@@ -253,22 +254,48 @@ struct BarrierState {
   std::int32_t arrived;
   std::int32_t broken;          // until reset()
   std::uint32_t broken_round;   // the generation that broke, plus one (0: none yet)
+  std::int32_t died;            // the party whose death broke it (0: none)
   detail::HolderTable waiting;  // who arrived this round
+  // The words above change together in one commit (a party killed inside wait() leaves them as
+  // they were, or all changed); `waiting` is emptied after a round's commit, and on recovery
+  // whenever nobody has arrived (issue 58.3).
+  detail::Journal journal;
 };
 static_assert(sizeof(BarrierState) <= detail::SharedPage::kSize);
 static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
 
-// Under the mutex: the current round fails; its waiters wake and throw.
-void break_round(BarrierState& state) {
-  state.broken = 1;
-  state.broken_round = state.generation.load() + 1;
-  state.arrived = 0;
+auto* generation_word(BarrierState& state) { return reinterpret_cast<std::uint32_t*>(&state.generation); }
+
+// Holds the barrier's mutex; completes the change of a party that died inside it.
+class BarrierGuard : public detail::RobustGuard {
+ public:
+  BarrierGuard(BarrierState& state, const char* who) : RobustGuard(state.mutex, who) {
+    if (!holder_died()) return;
+    state.journal.replay(&state);
+    if (state.arrived == 0) state.waiting.clear();
+  }
+};
+
+// Under the mutex: the next round starts (broken, by `died` if a party died); its waiters wake.
+void next_round(BarrierState& state, bool broken, pid_t died = 0) {
+  std::uint32_t generation = state.generation.load();
+  if (broken) {
+    state.journal.commit(&state, {{&state.broken, 1},
+                                  {&state.broken_round, generation + 1},
+                                  {&state.died, static_cast<std::uint32_t>(died)},
+                                  {&state.arrived, 0},
+                                  {generation_word(state), generation + 1}});
+  } else {
+    state.journal.commit(&state, {{&state.arrived, 0}, {generation_word(state), generation + 1}});
+  }
   state.waiting.clear();
-  state.generation.fetch_add(1);
   detail::futex_wake_all(&state.generation);
 }
 
-[[noreturn]] void throw_broken(const char* why) {
+[[noreturn]] void throw_broken(const BarrierState& state, const char* why) {
+  if (state.died != 0)
+    throw BrokenBarrierError("forkpool: Barrier broken: a party (process " + std::to_string(state.died) +
+                             ") died while the others waited; reset() it to use it again");
   throw BrokenBarrierError(std::string("forkpool: Barrier broken: ") + why);
 }
 
@@ -289,25 +316,27 @@ int Barrier::parties() const { return page_->as<BarrierState>()->parties; }
 // Counts this party in; the last one of the round starts the next.
 Barrier::Arrival Barrier::arrive() {
   BarrierState& state = *page_->as<BarrierState>();
-  RobustGuard guard(state.mutex, "forkpool: Barrier::wait");
-  if (state.broken) throw_broken("aborted, or a round before failed (reset() it)");
-  Arrival arrival{state.generation.load(), state.arrived++, false};
-  if (state.arrived == state.parties) {
+  BarrierGuard guard(state, "forkpool: Barrier::wait");
+  if (state.broken) throw_broken(state, "aborted, or a round before failed (reset() it)");
+  Arrival arrival{state.generation.load(), state.arrived, false};
+  if (state.arrived + 1 == state.parties) {
     if (action_) {
       try {
         action_();  // before the others are released, as Python's
       } catch (...) {
-        break_round(state);
+        next_round(state, /*broken=*/true);
         throw;
       }
     }
-    state.arrived = 0;
-    state.waiting.clear();
-    state.generation.fetch_add(1);
-    detail::futex_wake_all(&state.generation);
+    next_round(state, /*broken=*/false);
     arrival.last = true;
   } else {
-    state.waiting.add(getpid(), 1);
+    detail::HolderTable::Change party = state.waiting.change(getpid(), 1);
+    auto arrived = static_cast<std::uint32_t>(state.arrived + 1);
+    if (party.slot)
+      state.journal.commit(&state, {{&state.arrived, arrived}, {party.slot, party.packed}});
+    else
+      state.journal.commit(&state, {{&state.arrived, arrived}});
   }
   return arrival;
 }
@@ -320,18 +349,18 @@ std::optional<int> Barrier::round_over(const Arrival& arrival, std::chrono::stea
   BarrierState& state = *page_->as<BarrierState>();
   if (state.generation.load() == arrival.generation && std::chrono::steady_clock::now() < deadline && !look_for_ended)
     return std::nullopt;
-  RobustGuard guard(state.mutex, "forkpool: Barrier::wait");
+  BarrierGuard guard(state, "forkpool: Barrier::wait");
   if (state.generation.load() != arrival.generation) {
-    if (state.broken_round == arrival.generation + 1) throw_broken("aborted, reset, or a party failed");
+    if (state.broken_round == arrival.generation + 1) throw_broken(state, "aborted, reset, or a party failed");
     return arrival.index;
   }
   if (std::chrono::steady_clock::now() >= deadline) {
-    break_round(state);
-    throw_broken("a wait timed out");
+    next_round(state, /*broken=*/true);
+    throw_broken(state, "a wait timed out");
   }
-  if (state.waiting.any_ended()) {
-    break_round(state);
-    throw_broken("a party died while the others waited");
+  if (detail::HolderTable::Slot* ended = state.waiting.ended()) {
+    next_round(state, /*broken=*/true, ended->pid);
+    throw_broken(state, "a party died while the others waited");
   }
   return std::nullopt;
 }
@@ -367,15 +396,15 @@ Task<int> Barrier::async_wait() {
 
 void Barrier::abort() {
   BarrierState& state = *page_->as<BarrierState>();
-  RobustGuard guard(state.mutex, "forkpool: Barrier::abort");
-  break_round(state);
+  BarrierGuard guard(state, "forkpool: Barrier::abort");
+  next_round(state, /*broken=*/true);
 }
 
 void Barrier::reset() {
   BarrierState& state = *page_->as<BarrierState>();
-  RobustGuard guard(state.mutex, "forkpool: Barrier::reset");
-  if (state.arrived > 0) break_round(state);  // those waiting now fail
-  state.broken = 0;
+  BarrierGuard guard(state, "forkpool: Barrier::reset");
+  if (state.arrived > 0) next_round(state, /*broken=*/true);  // those waiting now fail
+  state.journal.commit(&state, {{&state.broken, 0}, {&state.died, 0}});
 }
 
 bool Barrier::broken() const {

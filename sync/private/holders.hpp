@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 
 namespace forkpool::detail {
 
@@ -18,19 +19,25 @@ bool process_ended(pid_t pid) noexcept;
 
 struct HolderTable {
   static constexpr int kSlots = 64;  // holders beyond it are not tracked (nothing given back)
-  struct Slot {
+  struct alignas(8) Slot {
     pid_t pid;
     std::int32_t count;
   };
   Slot slots[kSlots];
 
-  // Adds `delta` to what `pid` holds; a holder's count never goes below 0 (releasing what
-  // another process acquired is allowed and counts for nobody).
-  void add(pid_t pid, std::int32_t delta) noexcept;
-  // Forgets the holders that ended; returns what they held.
-  std::int64_t take_ended() noexcept;
-  // Whether a holder has ended (and forgets nothing).
-  bool any_ended() const noexcept;
+  // What adding `delta` to `pid`'s count sets, as one word for a Journal: null `slot` when it
+  // sets nothing (a count never goes below 0: releasing what another process acquired is allowed
+  // and counts for nobody).
+  struct Change {
+    std::uint64_t* slot = nullptr;
+    std::uint64_t packed = 0;
+  };
+  Change change(pid_t pid, std::int32_t delta) noexcept;
+  // The first slot of a holder that ended, or null.
+  Slot* ended() noexcept;
+  static std::uint64_t* word(Slot& slot) noexcept { return reinterpret_cast<std::uint64_t*>(&slot); }
+  static std::uint64_t pack(Slot slot) noexcept;
+
   void clear() noexcept;
 };
 

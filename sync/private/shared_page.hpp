@@ -84,15 +84,18 @@ bool robust_lock_taken(pthread_mutex_t& mutex, int result, bool& holder_died, co
 class RobustGuard {
  public:
   RobustGuard(pthread_mutex_t& mutex, const char* who) : mutex_(mutex) {
-    bool holder_died = false;
-    robust_lock_taken(mutex_, pthread_mutex_lock(&mutex_), holder_died, who);
+    robust_lock_taken(mutex_, pthread_mutex_lock(&mutex_), holder_died_, who);
   }
   ~RobustGuard() { pthread_mutex_unlock(&mutex_); }
   RobustGuard(const RobustGuard&) = delete;
   RobustGuard& operator=(const RobustGuard&) = delete;
+  // The mutex came from a holder that died holding it: what it guards may be half-updated
+  // (a Journal's replay() completes it).
+  bool holder_died() const noexcept { return holder_died_; }
 
  private:
   pthread_mutex_t& mutex_;
+  bool holder_died_ = false;
 };
 
 }  // namespace forkpool::detail
