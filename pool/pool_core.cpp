@@ -39,6 +39,10 @@ namespace {
 constexpr std::size_t kJobsPerWorker = 2;
 constexpr std::size_t kMaxJobsPerWorker = 16;
 constexpr auto kShortJob = std::chrono::microseconds(50);
+// A job still running this long is stuck, whatever its worker's window says (issue 58.4): the
+// jobs queued behind it go to a worker that runs dry, and none are sent to it while another may
+// take them. The scheduler's reaction time to a stuck job: twenty short ones.
+constexpr auto kStuckJob = 20 * kShortJob;
 // A window back at two says the worker's jobs are long (or not yet measured).
 bool jobs_are_long(const WorkerSchedule& schedule) noexcept { return schedule.window == kJobsPerWorker; }
 // Submitted from plain code, as many as this go to each worker at once (PoolCoreImpl::window_of):
@@ -177,6 +181,15 @@ class PoolCoreImpl final : public PoolCore,
   bool jobs_may_move() const noexcept { return !jobs_die_with_worker_ && options_.maxtasksperchild == 0; }
   std::size_t window_of(const PoolWorker& worker) const noexcept;
   bool may_take(const PoolWorker& worker) const noexcept;
+  // Whether the job `worker` runs has run kStuckJob or longer by `now` (also when what it held
+  // behind that job was taken back: it has not read its ring since).
+  static bool runs_stuck_job(PoolWorker& worker, Clock::time_point now) noexcept {
+    return now - worker.schedule.running_since >= kStuckJob && worker.has_unsettled_work();
+  }
+  // take_back_for_idle() runs again at `when` (a running job turns stuck then), unless sooner.
+  void look_again_at(Clock::time_point when);
+  Task<void> look_again_later();
+  std::optional<Clock::time_point> look_again_at_;  // set while look_again_later() waits
   void prefetch_ahead() const noexcept;
   void flush_workers() noexcept;
   // The live worker to send `job` to now (one of workers_): its pinned one, else the least busy
@@ -396,6 +409,8 @@ std::size_t PoolCoreImpl::window_of(const PoolWorker& worker) const noexcept {
 
 PoolWorker* PoolCoreImpl::pick_worker(const Job& job) {
   PoolWorker* best = nullptr;
+  bool best_stuck = false;
+  Clock::time_point now{};  // read once, and only when two workers are compared
   for (auto& w : workers_) {
     if (!may_take(*w)) continue;
     // A pinned job's stream bounds what it sends (its prefetch), not the worker's window.
@@ -404,7 +419,20 @@ PoolWorker* PoolCoreImpl::pick_worker(const Job& job) {
       continue;
     }
     if (w->in_flight().size() >= window_of(*w) || !w->has_claim_words_left()) continue;
-    if (!best || w->in_flight().size() < best->in_flight().size()) best = w.get();
+    if (!best) {
+      best = w.get();
+      continue;
+    }
+    if (now == Clock::time_point{}) {
+      now = schedule_time();
+      best_stuck = runs_stuck_job(*best, now);
+    }
+    // Least busy, but a worker stuck in a job last: what it is sent waits behind that job.
+    bool stuck = runs_stuck_job(*w, now);
+    if (stuck < best_stuck || (stuck == best_stuck && w->in_flight().size() < best->in_flight().size())) {
+      best = w.get();
+      best_stuck = stuck;
+    }
   }
   return best;
 }
@@ -443,7 +471,7 @@ void PoolCoreImpl::send_queued() {
       schedule.window_mark = now;  // time idle says nothing of its jobs' length
       schedule.drain_mark = now;
       schedule.finished_since_mark = 0;
-      if (options_.task_timeout > std::chrono::nanoseconds::zero()) schedule.running_since = no_earlier_than_now();
+      schedule.running_since = no_earlier_than_now();
     }
     if (options_.maxtasksperchild > 0 && ++schedule.assigned >= options_.maxtasksperchild) schedule.retiring = true;
     std::uint64_t id = ++next_request_id_;
@@ -483,6 +511,8 @@ bool PoolCoreImpl::take_back_for_idle() {
   if (!jobs_may_move() || workers_.size() < 2) return false;
   PoolWorker* idle = nullptr;
   PoolWorker* busiest = nullptr;
+  Clock::time_point now = schedule_time();
+  std::optional<Clock::time_point> turns_stuck;  // of the first job behind which others wait
   for (auto& w : workers_) {
     std::size_t held = w->in_flight().size();
     // (One that may not be sent more, for want of claim words, would hand them back at once.)
@@ -490,15 +520,25 @@ bool PoolCoreImpl::take_back_for_idle() {
         (!idle || held < idle->in_flight().size()))
       idle = w.get();
     // Short jobs (a window grown past two) drain fast where they are: moving them would cost more
-    // than it saves, unless a worker holds more than its window (a deep send from plain code).
-    bool worth_moving = jobs_are_long(w->schedule) || held > w->schedule.window;
+    // than it saves, unless a worker holds more than its window (a deep send from plain code),
+    // or the job it runs turned out long (stuck: running kStuckJob or more).
+    bool worth_moving = jobs_are_long(w->schedule) || held > w->schedule.window || runs_stuck_job(*w, now);
+    if (!worth_moving && held >= kJobsPerWorker) {
+      Clock::time_point when = w->schedule.running_since + kStuckJob;
+      turns_stuck = turns_stuck ? std::min(*turns_stuck, when) : when;
+    }
     if (worth_moving && !w->exited() && !w->schedule.stopped_job && (!busiest || held > busiest->in_flight().size()))
       busiest = w.get();
   }
+  // Nothing to move now, but jobs wait behind one that may turn out stuck: look again then.
+  if (idle && (!busiest || busiest == idle) && turns_stuck) look_again_at(*turns_stuck);
   if (!idle || !busiest || idle == busiest) return false;
   std::size_t gap = busiest->in_flight().size() - idle->in_flight().size();
-  if (gap < 2) return false;
-  std::size_t moves = std::min(gap / 2, window_of(*idle) - idle->in_flight().size());
+  // Behind a stuck job, even its one job in flight moves, if the worker has not taken it up (a
+  // stopped worker): it would wait there, however long that one runs.
+  bool stuck = runs_stuck_job(*busiest, now);
+  if (gap < (stuck ? 1 : 2)) return false;
+  std::size_t moves = std::min(std::max<std::size_t>(gap / 2, 1), window_of(*idle) - idle->in_flight().size());
   std::deque<std::shared_ptr<Job>> taken;  // oldest first, as they were queued
   for (; moves > 0; --moves) {
     std::shared_ptr<Job> job = busiest->withdraw_newest();
@@ -507,6 +547,26 @@ bool PoolCoreImpl::take_back_for_idle() {
   }
   queue_.insert(queue_.begin(), taken.begin(), taken.end());
   return !taken.empty();
+}
+
+void PoolCoreImpl::look_again_at(Clock::time_point when) {
+  if (terminated_) return;
+  bool waiting = look_again_at_.has_value();
+  if (!waiting || when < *look_again_at_) look_again_at_ = when;
+  if (!waiting) background_.start(look_again_later());
+}
+
+Task<void> PoolCoreImpl::look_again_later() {
+  auto self = shared_from_this();
+  std::stop_token stop = stop_timers_.get_token();
+  while (!terminated_ && Clock::now() < *look_again_at_) co_await wait_until(*look_again_at_, stop);
+  look_again_at_.reset();
+  if (terminated_) co_return;
+  try {
+    dispatch();
+  } catch (...) {
+    // What could not be sent stays queued: the next turn of the loop sends it.
+  }
 }
 
 // Jobs wait in the queue long enough to leave the cache (100,000 submitted at once: tens of
@@ -547,8 +607,7 @@ void PoolCoreImpl::job_finished(PoolWorker& worker, bool served) {
       schedule.finished_since_mark = 0;
     }
     // It has taken up the next.
-    if (!worker.in_flight().empty() && options_.task_timeout > std::chrono::nanoseconds::zero())
-      schedule.running_since = no_earlier_than_now();
+    if (!worker.in_flight().empty()) schedule.running_since = no_earlier_than_now();
   }
   dispatch();  // after close(), this also retires the worker once it is idle
 }

@@ -138,13 +138,24 @@ bool PoolWorker::claim_word_free(std::uint64_t id) const noexcept {
          std::none_of(in_flight_.begin(), in_flight_.end(), [&](const auto& entry) { return same_word(entry.first); });
 }
 
-bool PoolWorker::has_claim_words_left() noexcept {
-  if (withdrawn_.empty()) return true;  // in flight: a window, far below
+void PoolWorker::forget_passed_withdrawn() noexcept {
+  if (withdrawn_.empty()) return;
   // Passed: the worker stores the id of each task message before it exchanges that task's claim
   // word, so one it stored a later id for has been settled (an equal one may not be yet).
   std::uint64_t read = slot().request_id.load(std::memory_order_acquire);
   std::erase_if(withdrawn_, [read](std::uint64_t id) { return id < read; });
+}
+
+bool PoolWorker::has_claim_words_left() noexcept {
+  if (withdrawn_.empty()) return true;  // in flight: a window, far below
+  forget_passed_withdrawn();
   return in_flight_.size() + withdrawn_.size() < RunningSlot::kClaims / 2;
+}
+
+bool PoolWorker::has_unsettled_work() noexcept {
+  if (!in_flight_.empty()) return true;
+  forget_passed_withdrawn();
+  return !withdrawn_.empty();
 }
 
 PoolWorker::InFlight::iterator PoolWorker::find_in_flight(std::uint64_t id) {

@@ -992,6 +992,45 @@ TEST_P(PoolTest, OnlyTheTaskThatRanFailsWhenItsWorkerCrashesWithWorkQueuedBehind
   }
 }
 
+int block_for_ever(int) {
+  for (;;) pause();
+}
+
+// Issue 58.4: after a burst of short tasks (windows grown), a long task held up the tasks queued
+// behind it on its worker while the other worker idled, for as long as it ran.
+TEST(SchedulerTest, QueuedTasksNeverWaitBehindAStuckTaskWhileAnotherWorkerIdles) {
+  Pool pool({.processes = 2});
+  ASSERT_EQ(pool.map_async(square, std::vector<int>(1000, 2), 1).get(20s), std::vector<int>(1000, 4));  // warm
+  AsyncResult<int> stuck = pool.apply_async(block_for_ever, 0);
+  for (int round = 0; round < 3; ++round) {
+    EXPECT_EQ(pool.map_async(square, std::vector<int>(20, 3), 1).get(20s), std::vector<int>(20, 9))
+        << "round " << round << ": tasks waited behind the stuck one";
+    EXPECT_EQ(pool.apply_async(square, 5).get(20s), 25);
+  }
+  EXPECT_FALSE(stuck.ready());
+  pool.terminate();
+}
+
+// A stopped worker (SIGSTOP) holds the tasks it was sent: the other worker takes them.
+TEST(SchedulerTest, AMapFinishesWhileOneWorkerIsStopped) {
+  Pool pool({.processes = 2});
+  ASSERT_EQ(pool.map_async(square, std::vector<int>(1000, 2), 1).get(20s), std::vector<int>(1000, 4));  // warm
+  pid_t stopped = pool.worker_pids().at(0);
+  ASSERT_EQ(kill(stopped, SIGSTOP), 0);
+  // Stopped before the map is sent (a task it took up before would wait for it: it runs there).
+  ASSERT_TRUE(test_support::eventually([&] {
+    std::ifstream stat("/proc/" + std::to_string(stopped) + "/stat");
+    std::string line((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    auto paren = line.rfind(')');
+    return paren != std::string::npos && line.size() > paren + 2 && line[paren + 2] == 'T';
+  }));
+  std::vector<int> inputs(200);
+  std::iota(inputs.begin(), inputs.end(), 0);
+  std::vector<int> squares = pool.map_async(square, inputs, 1).get(20s);
+  kill(stopped, SIGCONT);
+  for (int i = 0; i < 200; ++i) EXPECT_EQ(squares[i], i * i);
+}
+
 TEST_P(PoolTest, WorkSentToAWorkerThatDiedWhileTheLoopWasIdleRunsElsewhere) {
   Pool pool(options(1));
   pid_t worker = pool.worker_pids().at(0);

@@ -117,7 +117,7 @@ class JobsInFlight {
 struct WorkerSchedule {
   int assigned = 0;                 // jobs given to it (maxtasksperchild)
   bool retiring = false;            // takes no more jobs (maxtasksperchild reached)
-  Clock::time_point running_since;  // when its oldest job in flight started (task_timeout)
+  Clock::time_point running_since;  // when its oldest job in flight started (no earlier than that)
   std::uint64_t stopped_job = 0;    // killed by us to stop this job (cancel, task_timeout)
   std::exception_ptr stop_reason;   // why, when the job is still wanted (TimeoutError)
   std::size_t window = 0;           // jobs it may hold at once (the core sets it when it starts)
@@ -169,6 +169,9 @@ class PoolWorker : public std::enable_shared_from_this<PoolWorker> {
   // is found at once. (Only a worker held up in a task, with many jobs withdrawn from behind it,
   // comes near.)
   bool has_claim_words_left() noexcept;
+  // Whether it has jobs in flight, or withdrawn ones it has not passed yet (it has not read the
+  // ring since: busy in a job, or stopped).
+  bool has_unsettled_work() noexcept;
   // Publishes what send() left in the ring, waking the worker if it sleeps.
   void flush() noexcept;
   // Tells the worker to exit once it has read what it was sent.
@@ -200,6 +203,7 @@ class PoolWorker : public std::enable_shared_from_this<PoolWorker> {
   WorkerSchedule schedule;
 
  private:
+  void forget_passed_withdrawn() noexcept;
   // Each background coroutine holds `self`: the worker outlives it.
   Task<void> serve(std::shared_ptr<PoolWorker> self);
   Task<void> watch(std::shared_ptr<PoolWorker> self);
