@@ -1,5 +1,7 @@
 #include <forkpool/runtime/private/process.hpp>
 
+#include <forkpool/runtime/internal/fork_hooks.hpp>
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -13,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -50,9 +53,21 @@ void close_descriptors_from(int first, const std::vector<int>& keep) noexcept {
   for (int fd : open) close(fd);
 }
 
+namespace {
+std::atomic<const ForkHooks*> fork_hooks{nullptr};
+}  // namespace
+
+void set_fork_hooks(ForkHooks hooks) noexcept { fork_hooks.store(new ForkHooks(hooks)); }  // kept for ever
+
 pid_t fork_flushed() noexcept {
   fflush(nullptr);
-  return fork();
+  const ForkHooks* hooks = fork_hooks.load();
+  if (!hooks) return fork();
+  if (hooks->prepare) hooks->prepare();
+  pid_t pid = fork();
+  void (*after)() noexcept = pid == 0 ? hooks->child : hooks->parent;
+  if (after) after();
+  return pid;
 }
 
 pid_t fork_helper() noexcept {

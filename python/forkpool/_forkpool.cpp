@@ -1,0 +1,278 @@
+// forkpool._forkpool: the C++ pool under Python's forkpool.Pool.
+//
+// A Python call crosses as one forkpool task, run_call(payload): its pickle bytes, and the CPU
+// tensors it holds beside them, out of band (forkpool-torch's codec: blocks of shared slabs, never
+// bytes). The worker unpickles and runs it in forkpool._worker, and its answer crosses back the
+// same way. What is better written in Python (pickling, chunks, results, exceptions) is in
+// forkpool/*.py; this file holds the pool, the waits (the GIL released, Ctrl-C seen) and the
+// interpreter's care around fork().
+//
+// Thread: a CorePool belongs to the thread that made it, as forkpool::Pool does; every call from
+// another thread raises RuntimeError.
+
+#include <Python.h>
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <forkpool/forkpool.hpp>
+#include <forkpool/runtime/internal/blocking_wait.hpp>
+#include <forkpool/runtime/internal/fork_hooks.hpp>
+#include <forkpool/torch.hpp>
+
+namespace py = pybind11;
+namespace fp = forkpool;
+
+namespace {
+
+// A call or its answer: the pickle, and the tensors it names by place (persistent ids).
+using Message = std::pair<std::string, std::vector<at::Tensor>>;
+
+// How long a wait sleeps before it looks for a signal (Ctrl-C) with the GIL.
+constexpr auto kSignalCheck = std::chrono::milliseconds(50);
+
+// forkpool._worker's function `name`, looked up once per process (a forked worker inherits it).
+py::handle worker_function(const char* name) {
+  py::module_ worker = py::module_::import("forkpool._worker");
+  return py::object(worker.attr(name)).release();  // kept for ever: no destructor runs at a worker's exit
+}
+
+Message to_message(const py::handle& answer) {
+  auto pair = answer.cast<py::tuple>();
+  return {pair[0].cast<std::string>(), pair[1].cast<std::vector<at::Tensor>>()};
+}
+
+// The task every Python call is: runs in the worker, with the GIL.
+Message run_call(Message call) {
+  py::gil_scoped_acquire gil;
+  static py::handle run = worker_function("run");
+  try {
+    return to_message(run(py::bytes(call.first), std::move(call.second)));
+  } catch (py::error_already_set& error) {  // forkpool._worker.run catches what a call raises
+    throw std::runtime_error(std::string("forkpool._worker.run failed: ") + error.what());
+  }
+}
+
+// The interpreter around forkpool's forks, as os.fork() does it: the forking thread takes the
+// GIL and the interpreter's locks, and the child repairs its state (one thread, locks new).
+PyGILState_STATE fork_gil_state;
+void before_fork() noexcept {
+  fork_gil_state = PyGILState_Ensure();
+  PyOS_BeforeFork();
+}
+void after_fork_in_parent() noexcept {
+  PyOS_AfterFork_Parent();
+  PyGILState_Release(fork_gil_state);
+}
+void after_fork_in_child() noexcept {
+  PyOS_AfterFork_Child();
+  PyGILState_Release(fork_gil_state);  // a task takes it again (run_call)
+}
+
+fp::StartMethod start_method_of(const std::string& name) {
+  if (name == "fork") return fp::StartMethod::fork;
+  if (name == "forkserver") return fp::StartMethod::forkserver;
+  throw py::value_error("forkpool: start method '" + name + "' is not supported here (fork, forkserver)");
+}
+
+std::chrono::nanoseconds seconds(double value) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(value));
+}
+
+// Drives the pool's loop until `ready()` or `timeout` (none: for ever), the GIL released, looking
+// for signals every kSignalCheck: a KeyboardInterrupt ends the wait at once.
+bool wait_until_ready(const std::function<bool()>& ready, std::optional<double> timeout, const char* who) {
+  auto deadline =
+      timeout ? std::optional(std::chrono::steady_clock::now() + seconds(std::max(*timeout, 0.0))) : std::nullopt;
+  for (;;) {
+    if (ready()) return true;
+    auto slice = std::chrono::nanoseconds(kSignalCheck);
+    if (deadline) {
+      auto left = *deadline - std::chrono::steady_clock::now();
+      if (left <= std::chrono::nanoseconds::zero()) return false;
+      slice = std::min(slice, std::chrono::duration_cast<std::chrono::nanoseconds>(left));
+    }
+    bool done;
+    {
+      py::gil_scoped_release nogil;
+      done = fp::detail::drive_owners_loop_until(ready, slice, who);
+    }
+    if (done) return true;
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+  }
+}
+
+// A Python object held by C++ that may let go of it without the GIL (the loop drops a callback
+// after it ran, in a wait that released the GIL): it takes the GIL to let go.
+struct HeldWithGil {
+  explicit HeldWithGil(py::object held) : object(std::move(held)) {}
+  HeldWithGil(const HeldWithGil&) = delete;
+  HeldWithGil& operator=(const HeldWithGil&) = delete;
+  ~HeldWithGil() {
+    py::gil_scoped_acquire gil;
+    object = py::object();
+  }
+  py::object object;
+};
+
+// One submitted call.
+class CallResult {
+ public:
+  explicit CallResult(fp::AsyncResult<Message> result) : result_(std::move(result)) {}
+  bool ready() const { return result_.ready(); }
+  bool wait(std::optional<double> timeout) const {
+    return wait_until_ready([this] { return result_.ready(); }, timeout, "forkpool AsyncResult.wait");
+  }
+  // The answer (pickle bytes, tensors); raises what the pool says went wrong (WorkerLost...).
+  py::tuple get() const {
+    Message answer = result_.get(std::chrono::nanoseconds::zero());
+    return py::make_tuple(py::bytes(answer.first), std::move(answer.second));
+  }
+  void cancel() { result_.cancel(); }
+  // Runs `callback()` on the pool's thread, inside the wait that sees it ready.
+  void when_ready(py::function callback) {
+    auto shared = std::make_shared<HeldWithGil>(std::move(callback));
+    result_.add_done_callback([shared](fp::AsyncResult<Message>&) {
+      py::gil_scoped_acquire gil;
+      try {
+        shared->object();
+      } catch (py::error_already_set& error) {
+        error.discard_as_unraisable("forkpool AsyncResult callback");
+      }
+    });
+  }
+
+ private:
+  fp::AsyncResult<Message> result_;
+};
+
+class CorePool {
+ public:
+  CorePool(int processes, int maxtasksperchild, std::optional<py::bytes> initializer, const std::string& start_method,
+           int max_retries, double task_timeout, std::uint64_t seed, std::optional<double> spin) {
+    fp::PoolOptions options;
+    options.processes = processes;
+    options.maxtasksperchild = maxtasksperchild;
+    options.start_method = start_method_of(start_method);
+    options.max_retries = max_retries;
+    options.task_timeout = seconds(task_timeout);
+    options.seed = seed;
+    if (spin) options.spin = seconds(*spin);
+    if (initializer) {
+      // Runs forkpool._worker.initialize(pickle) in each worker; what it raises fails the worker.
+      options.initializer = [pickled = std::string(*initializer)] {
+        py::gil_scoped_acquire gil;
+        static py::handle initialize = worker_function("initialize");
+        initialize(py::bytes(pickled));
+      };
+    }
+    pool_.emplace(std::move(options));
+  }
+
+  CallResult submit(const py::bytes& payload, std::vector<at::Tensor> tensors) {
+    return CallResult(pool().apply_async(run_call, Message{std::string(payload), std::move(tensors)}));
+  }
+  // Whichever of `results` is ready first, by place; None when `timeout` passes first.
+  std::optional<std::size_t> wait_any(const std::vector<CallResult*>& results, std::optional<double> timeout) {
+    std::optional<std::size_t> first;
+    auto any_ready = [&] {
+      for (std::size_t i = 0; i < results.size(); ++i)
+        if (results[i]->ready()) return (first = i).has_value();
+      return false;
+    };
+    wait_until_ready(any_ready, timeout, "forkpool imap_unordered");
+    return first;
+  }
+  void close() { pool().close(); }
+  void terminate() {
+    py::gil_scoped_release nogil;  // (callbacks of failed results take it)
+    pool().terminate();
+  }
+  // Waits until every worker has exited (after close() or terminate()). A wait that Ctrl-C ends
+  // goes on at the next join().
+  void join() {
+    if (!joining_) {
+      joining_.emplace(pool().join());
+      joining_->handle().resume();
+    }
+    wait_until_ready([this] { return joining_->handle().done(); }, std::nullopt, "forkpool Pool.join");
+    joining_->handle().promise().take();
+  }
+  int processes() { return pool().processes(); }
+  std::vector<pid_t> worker_pids() { return pool().worker_pids(); }
+
+ private:
+  fp::Pool& pool() { return *pool_; }
+  std::optional<fp::Pool> pool_;
+  std::optional<fp::Task<void>> joining_;  // declared after pool_: destroyed first
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_forkpool, m) {
+  m.doc() = "forkpool's C++ pool, for forkpool.Pool";
+  fp::detail::set_fork_hooks({.prepare = before_fork, .parent = after_fork_in_parent, .child = after_fork_in_child});
+
+  static auto& worker_lost =
+      *new py::exception<fp::WorkerLost>(m, "WorkerLost");  // never destroyed: the interpreter may be gone
+  static auto& terminated = *new py::exception<fp::PoolTerminated>(m, "PoolTerminated");
+  static auto& cancelled = *new py::exception<fp::Cancelled>(m, "Cancelled");
+  static auto& initializer_error = *new py::exception<fp::InitializerError>(m, "InitializerError");
+  static auto& protocol_error = *new py::exception<fp::ProtocolError>(m, "ProtocolError");
+  static auto& pool_closed = *new py::exception<fp::PoolClosed>(m, "PoolClosed");
+  py::register_exception_translator([](std::exception_ptr error) {
+    try {
+      if (error) std::rethrow_exception(error);
+    } catch (const fp::WorkerLost& e) {
+      worker_lost(e.what());
+    } catch (const fp::PoolTerminated& e) {
+      terminated(e.what());
+    } catch (const fp::Cancelled& e) {
+      cancelled(e.what());
+    } catch (const fp::InitializerError& e) {
+      initializer_error(e.what());
+    } catch (const fp::ProtocolError& e) {
+      protocol_error(e.what());
+    } catch (const fp::PoolClosed& e) {
+      pool_closed(e.what());
+    } catch (const fp::TimeoutError& e) {  // task_timeout: the task ran too long
+      PyErr_SetString(py::module_::import("multiprocessing").attr("TimeoutError").ptr(), e.what());
+    }
+  });
+
+  py::class_<CallResult>(m, "CallResult")
+      .def("ready", &CallResult::ready)
+      .def("wait", &CallResult::wait, py::arg("timeout") = py::none())
+      .def("get", &CallResult::get)
+      .def("cancel", &CallResult::cancel)
+      .def("when_ready", &CallResult::when_ready);
+
+  py::class_<CorePool>(m, "CorePool")
+      .def(py::init<int, int, std::optional<py::bytes>, const std::string&, int, double, std::uint64_t,
+                    std::optional<double>>(),
+           py::arg("processes"), py::arg("maxtasksperchild"), py::arg("initializer"), py::arg("start_method"),
+           py::arg("max_retries"), py::arg("task_timeout"), py::arg("seed"), py::arg("spin"))
+      .def("submit", &CorePool::submit)
+      .def("wait_any", &CorePool::wait_any, py::arg("results"), py::arg("timeout") = py::none())
+      .def("close", &CorePool::close)
+      .def("terminate", &CorePool::terminate)
+      .def("join", &CorePool::join)
+      .def_property_readonly("processes", &CorePool::processes)
+      .def("worker_pids", &CorePool::worker_pids);
+
+  m.def(
+      "share_memory_",
+      [](at::Tensor tensor) {
+        fp::torch::share_memory(tensor);
+        return tensor;
+      },
+      "Moves a CPU tensor's storage into forkpool's shared memory in place (as Tensor.share_memory_()).");
+  m.def("is_shared", [](const at::Tensor& tensor) { return fp::torch::is_shared(tensor); });
+}

@@ -1,0 +1,326 @@
+"""forkpool.Pool: multiprocessing.Pool's methods and meanings, on forkpool's workers and rings.
+
+Each call (apply_async's, or a chunk of a map) is one forkpool task: the function and its
+arguments are pickled (protocol 5, tensors out of band as shared memory, forkpool._pickling) and
+the single-threaded C++ loop of the thread that made the pool sends it to a worker. There are no
+helper threads: the loop runs while the program waits (get, wait, map, join, iterating imap), with
+the GIL released. So callbacks run on the pool's thread, inside such a wait, and a pool is used
+from the thread that made it (another thread gets RuntimeError).
+
+A task whose worker dies fails alone with WorkerLost; the pool starts a new worker and goes on.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import os
+import time
+from typing import Any, Callable, Iterable, Iterator, Optional
+
+from . import _forkpool, _pickling, _worker
+
+__all__ = ["Pool", "AsyncResult", "MapResult", "IMapIterator", "TimeoutError", "WorkerLost"]
+
+TimeoutError = multiprocessing.TimeoutError
+WorkerLost = _forkpool.WorkerLost
+
+_RUN, _CLOSE, _TERMINATE = "RUN", "CLOSE", "TERMINATE"
+
+
+def _raise_remote(error: BaseException, tb: str) -> None:
+    if tb:
+        error.__cause__ = _worker.RemoteTraceback(tb)
+    raise error
+
+
+class AsyncResult:
+    """The result of apply_async (CPython's ApplyResult)."""
+
+    def __init__(self, pool: "Pool", calls: list, callback: Optional[Callable], error_callback: Optional[Callable],
+                 unpack: Callable[[list], Any]) -> None:
+        self._pool = pool
+        self._calls = calls
+        self._unpack = unpack
+        self._callback = callback
+        self._error_callback = error_callback
+        self._outcome: Optional[tuple] = None  # ("ok", value) or ("error", exception, tb)
+        self._left = len(calls)
+        if not calls:
+            self._settle()
+        for call in calls:
+            call.when_ready(self._one_ready)
+
+    def _one_ready(self) -> None:
+        self._left -= 1
+        if self._left == 0 or (self._outcome is None and not self._ok_so_far()):
+            self._settle()
+
+    def _ok_so_far(self) -> bool:
+        return all(self._peek(call)[0] == "ok" for call in self._calls if call.ready())
+
+    @staticmethod
+    def _peek(call: Any) -> tuple:
+        try:
+            data, tensors = call.get()
+        except BaseException as error:  # WorkerLost, PoolTerminated, Cancelled...
+            return ("error", error, "")
+        return _pickling.loads(data, tensors)
+
+    def _settle(self) -> None:
+        if self._outcome is not None:
+            return
+        values = []
+        for call in self._calls:
+            if not call.ready():
+                continue
+            outcome = self._peek(call)
+            if outcome[0] != "ok":
+                self._outcome = outcome
+                break
+            values.append(outcome[1])
+        else:
+            if len(values) < len(self._calls):
+                return
+            try:
+                self._outcome = ("ok", self._unpack(values))
+            except BaseException as error:
+                self._outcome = ("error", error, "")
+        self._pool._settled(self)
+        if self._outcome[0] == "ok" and self._callback is not None:
+            self._callback(self._outcome[1])
+        if self._outcome[0] == "error" and self._error_callback is not None:
+            self._error_callback(self._outcome[1])
+
+    def ready(self) -> bool:
+        if self._outcome is None and all(call.ready() for call in self._calls):
+            self._settle()
+        return self._outcome is not None
+
+    def successful(self) -> bool:
+        if not self.ready():
+            raise ValueError(f"{self!r} not ready")
+        return self._outcome[0] == "ok"
+
+    def wait(self, timeout: Optional[float] = None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for call in self._calls:
+            if self._outcome is not None:
+                return
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            if not call.wait(left):
+                return
+        self.ready()
+
+    def get(self, timeout: Optional[float] = None) -> Any:
+        self.wait(timeout)
+        if not self.ready():
+            raise TimeoutError
+        if self._outcome[0] == "ok":
+            return self._outcome[1]
+        _raise_remote(self._outcome[1], self._outcome[2])
+
+    def cancel(self) -> None:
+        """forkpool's: stops the work behind this result (a running task's worker is replaced);
+        get() then raises forkpool.Cancelled."""
+        for call in self._calls:
+            call.cancel()
+
+
+ApplyResult = AsyncResult
+MapResult = AsyncResult
+
+
+class IMapIterator:
+    """imap's and imap_unordered's results: the input is read as the workers take it."""
+
+    def __init__(self, pool: "Pool", func: Callable, iterable: Iterable, chunksize: int, ordered: bool,
+                 chunk_call: Callable) -> None:
+        self._pool = pool
+        self._func = func
+        self._chunks = _chunks(iterable, chunksize)
+        self._ordered = ordered
+        self._chunk_call = chunk_call
+        self._pending: list = []  # CallResults, in input order
+        self._ready: list = []    # values of the chunk being handed out
+        self._window = 2 * pool._processes + 2
+        self._exhausted = False
+        self._fill()
+
+    def _fill(self) -> None:
+        while not self._exhausted and len(self._pending) < self._window:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                self._exhausted = True
+                return
+            self._pending.append(self._pool._submit(self._chunk_call, (self._func, chunk)))
+
+    def __iter__(self) -> "IMapIterator":
+        return self
+
+    def __next__(self) -> Any:
+        return self.next()
+
+    def next(self, timeout: Optional[float] = None) -> Any:
+        while not self._ready:
+            if not self._pending:
+                raise StopIteration
+            if self._ordered:
+                index = 0
+                if not self._pending[0].wait(timeout):
+                    raise TimeoutError
+            else:
+                index = self._pool._core.wait_any(self._pending, timeout)
+                if index is None:
+                    raise TimeoutError
+            call = self._pending.pop(index)
+            self._fill()
+            outcome = AsyncResult._peek(call)
+            if outcome[0] != "ok":
+                _raise_remote(outcome[1], outcome[2])
+            self._ready = list(reversed(outcome[1]))
+        return self._ready.pop()
+
+    __next__ = next
+
+
+def _chunks(iterable: Iterable, size: int) -> Iterator[list]:
+    it = iter(iterable)
+    while True:
+        chunk = list(itertools.islice(it, size))
+        if not chunk:
+            return
+        yield chunk
+
+
+class Pool:
+    """multiprocessing.Pool on forkpool. start_method: 'fork' (the default, as CPython's on Linux)
+    or 'forkserver' (workers forked from a server forked when the pool is made). forkpool's own
+    options are keywords: task_timeout (seconds), max_retries, seed, spin (seconds)."""
+
+    def __init__(self, processes: Optional[int] = None, initializer: Optional[Callable] = None,
+                 initargs: Iterable = (), maxtasksperchild: Optional[int] = None,
+                 start_method: Optional[str] = None, *, context: Any = None, task_timeout: Optional[float] = None,
+                 max_retries: int = 0, seed: int = 0, spin: Optional[float] = None) -> None:
+        if processes is None:
+            processes = os.cpu_count() or 1
+        if processes < 1:
+            raise ValueError("Number of processes must be at least 1")
+        if maxtasksperchild is not None and (not isinstance(maxtasksperchild, int) or maxtasksperchild <= 0):
+            raise ValueError("maxtasksperchild must be a positive int or None")
+        if initializer is not None and not callable(initializer):
+            raise TypeError("initializer must be a callable")
+        if start_method is None and context is not None:
+            start_method = context.get_start_method()
+        self._processes = processes
+        self._state = _RUN
+        self._pending: set = set()
+        pickled_initializer = None
+        if initializer is not None:
+            pickled_initializer, tensors = _pickling.dumps((initializer, tuple(initargs)))
+            if tensors:
+                raise TypeError("forkpool: an initializer's arguments cannot hold tensors")
+        self._core = _forkpool.CorePool(processes=processes, maxtasksperchild=maxtasksperchild or 0,
+                                        initializer=pickled_initializer, start_method=start_method or "fork",
+                                        max_retries=max_retries, task_timeout=task_timeout or 0.0, seed=seed,
+                                        spin=spin)
+
+    # What CPython's Pool raises for work after close() or terminate().
+    def _check_running(self) -> None:
+        if self._state != _RUN:
+            raise ValueError("Pool not running")
+
+    def _submit(self, function: Callable, argument: Any) -> Any:
+        data, tensors = _pickling.dumps((function, argument))
+        return self._core.submit(data, tensors)
+
+    def _settled(self, result: AsyncResult) -> None:
+        self._pending.discard(result)
+
+    def _track(self, result: AsyncResult) -> AsyncResult:
+        if not result.ready():
+            self._pending.add(result)
+        return result
+
+    def apply(self, func: Callable, args: tuple = (), kwds: dict = {}) -> Any:
+        return self.apply_async(func, args, kwds).get()
+
+    def apply_async(self, func: Callable, args: tuple = (), kwds: dict = {}, callback: Optional[Callable] = None,
+                    error_callback: Optional[Callable] = None) -> AsyncResult:
+        self._check_running()
+        call = self._submit(_worker.call, (func, tuple(args), dict(kwds)))
+        return self._track(AsyncResult(self, [call], callback, error_callback, lambda values: values[0]))
+
+    def _map_async(self, func: Callable, iterable: Iterable, chunk_call: Callable, chunksize: Optional[int],
+                   callback: Optional[Callable], error_callback: Optional[Callable]) -> AsyncResult:
+        self._check_running()
+        if not hasattr(iterable, "__len__"):
+            iterable = list(iterable)
+        if chunksize is None:
+            chunksize, extra = divmod(len(iterable), self._processes * 4)
+            if extra:
+                chunksize += 1
+        if len(iterable) == 0:
+            chunksize = 0
+        calls = [self._submit(chunk_call, (func, chunk)) for chunk in _chunks(iterable, max(chunksize, 1))]
+        flatten = lambda values: list(itertools.chain.from_iterable(values))  # noqa: E731
+        return self._track(AsyncResult(self, calls, callback, error_callback, flatten))
+
+    def map(self, func: Callable, iterable: Iterable, chunksize: Optional[int] = None) -> list:
+        return self._map_async(func, iterable, _worker.map_chunk, chunksize, None, None).get()
+
+    def map_async(self, func: Callable, iterable: Iterable, chunksize: Optional[int] = None,
+                  callback: Optional[Callable] = None, error_callback: Optional[Callable] = None) -> AsyncResult:
+        return self._map_async(func, iterable, _worker.map_chunk, chunksize, callback, error_callback)
+
+    def starmap(self, func: Callable, iterable: Iterable, chunksize: Optional[int] = None) -> list:
+        return self._map_async(func, iterable, _worker.starmap_chunk, chunksize, None, None).get()
+
+    def starmap_async(self, func: Callable, iterable: Iterable, chunksize: Optional[int] = None,
+                      callback: Optional[Callable] = None, error_callback: Optional[Callable] = None) -> AsyncResult:
+        return self._map_async(func, iterable, _worker.starmap_chunk, chunksize, callback, error_callback)
+
+    def imap(self, func: Callable, iterable: Iterable, chunksize: int = 1) -> IMapIterator:
+        self._check_running()
+        if chunksize < 1:
+            raise ValueError(f"Chunksize must be 1+, not {chunksize:n}")
+        return IMapIterator(self, func, iterable, chunksize, True, _worker.map_chunk)
+
+    def imap_unordered(self, func: Callable, iterable: Iterable, chunksize: int = 1) -> IMapIterator:
+        self._check_running()
+        if chunksize < 1:
+            raise ValueError(f"Chunksize must be 1+, not {chunksize:n}")
+        return IMapIterator(self, func, iterable, chunksize, False, _worker.map_chunk)
+
+    def close(self) -> None:
+        if self._state == _RUN:
+            self._state = _CLOSE
+            self._core.close()
+
+    def terminate(self) -> None:
+        self._state = _TERMINATE
+        self._core.terminate()
+
+    def join(self) -> None:
+        if self._state == _RUN:
+            raise ValueError("Pool is still running")
+        self._core.join()
+        for result in list(self._pending):  # their callbacks, as CPython's result handler runs them
+            result.ready()
+
+    def worker_pids(self) -> list:
+        """forkpool's: the pids of the workers now."""
+        return self._core.worker_pids()
+
+    def __enter__(self) -> "Pool":
+        self._check_running()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.terminate()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} state={self._state} pool_size={self._processes}>"
+
+    def __reduce__(self) -> Any:
+        raise NotImplementedError("pool objects cannot be passed between processes or pickled")
