@@ -1,6 +1,6 @@
 #include <forkpool/runtime/private/process.hpp>
 
-#include <forkpool/runtime/internal/fork_hooks.hpp>
+#include <forkpool/runtime/private/fork_hooks.hpp>
 
 #include <dirent.h>
 #include <fcntl.h>

@@ -24,7 +24,7 @@
 
 #include <forkpool/forkpool.hpp>
 #include <forkpool/runtime/internal/blocking_wait.hpp>
-#include <forkpool/runtime/internal/fork_hooks.hpp>
+#include <forkpool/runtime/private/fork_hooks.hpp>
 #include <forkpool/torch.hpp>
 
 namespace py = pybind11;
