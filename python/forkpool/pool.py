@@ -48,8 +48,11 @@ class AsyncResult:
         self._left = len(calls)
         if not calls:
             self._settle()
-        for call in calls:
-            call.when_ready(self._one_ready)
+        elif callback is not None or error_callback is not None:
+            # Told as each call is ready (inside a wait on the pool's thread), to run the
+            # callbacks; a result without them is settled when it is asked.
+            for call in calls:
+                call.when_ready(self._one_ready)
 
     def _one_ready(self) -> None:
         self._left -= 1
@@ -238,8 +241,8 @@ class Pool:
         self._pending.discard(result)
 
     def _track(self, result: AsyncResult) -> AsyncResult:
-        if not result.ready():
-            self._pending.add(result)
+        if (result._callback is not None or result._error_callback is not None) and not result.ready():
+            self._pending.add(result)  # join() runs its callbacks if nobody waited for it
         return result
 
     def apply(self, func: Callable, args: tuple = (), kwds: dict = {}) -> Any:
