@@ -27,6 +27,11 @@ WorkerLost = _forkpool.WorkerLost
 
 _RUN, _CLOSE, _TERMINATE = "RUN", "CLOSE", "TERMINATE"
 
+# The most a side polls for the other's message before it sleeps, in seconds (PoolOptions::spin:
+# adaptive within it, off while the CPUs are oversubscribed). C++'s default (50 us) is shorter
+# than a Python call takes to pickle, run and unpickle: its waits would all end asleep.
+_DEFAULT_SPIN = 200e-6
+
 
 def _raise_remote(error: BaseException, tb: str) -> None:
     if tb:
@@ -223,6 +228,8 @@ class Pool:
             pickled_initializer, tensors = _pickling.dumps((initializer, tuple(initargs)))
             if tensors:
                 raise TypeError("forkpool: an initializer's arguments cannot hold tensors")
+        if spin is None:
+            spin = _DEFAULT_SPIN
         self._core = _forkpool.CorePool(processes=processes, maxtasksperchild=maxtasksperchild or 0,
                                         initializer=pickled_initializer, start_method=start_method or "fork",
                                         max_retries=max_retries, task_timeout=task_timeout or 0.0, seed=seed,
