@@ -8,15 +8,9 @@ from typing import Any, Callable
 from . import _pickling
 
 
-class RemoteTraceback(Exception):
-    """The worker's traceback, as the text it printed: the __cause__ of a re-raised exception."""
-
-    def __init__(self, tb: str) -> None:
-        super().__init__(tb)
-        self.tb = tb
-
-    def __str__(self) -> str:
-        return self.tb
+# The worker's traceback, as the text it printed: the __cause__ of a re-raised exception. CPython's
+# own class, so that code written for multiprocessing.Pool recognizes it.
+from multiprocessing.pool import RemoteTraceback  # noqa: E402
 
 
 def _describe(error: BaseException) -> tuple:

@@ -16,6 +16,7 @@ import itertools
 import multiprocessing
 import os
 import time
+import warnings
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 from . import _forkpool, _pickling, _worker
@@ -157,7 +158,12 @@ class IMapIterator:
 
     def _fill(self) -> None:
         while not self._exhausted and len(self._pending) < self._window:
-            chunk = next(self._chunks, None)
+            try:
+                chunk = next(self._chunks, None)
+            except Exception as error:  # the input raised: at its place in the results, as CPython
+                self._exhausted = True
+                self._pending.append(_InputError(error))
+                return
             if chunk is None:
                 self._exhausted = True
                 return
@@ -173,6 +179,9 @@ class IMapIterator:
         while not self._ready:
             if not self._pending:
                 raise StopIteration
+            failed = [i for i, entry in enumerate(self._pending) if isinstance(entry, _InputError)]
+            if failed and (not self._ordered or failed[0] == 0):
+                raise self._pending.pop(failed[0]).error
             if self._ordered:
                 index = 0
                 if not self._pending[0].wait(timeout):
@@ -190,6 +199,13 @@ class IMapIterator:
         return self._ready.pop()
 
     __next__ = next
+
+
+class _InputError:
+    """What imap's input raised, in its place among the chunks."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
 
 
 def _chunks(iterable: Iterable, size: int) -> Iterator[list]:
@@ -321,6 +337,10 @@ class Pool:
     def worker_pids(self) -> list:
         """forkpool's: the pids of the workers now."""
         return self._core.worker_pids()
+
+    def __del__(self, _warn: Callable = warnings.warn) -> None:
+        if getattr(self, "_state", None) == _RUN:
+            _warn(f"unclosed running multiprocessing pool {self!r}", ResourceWarning, source=self)
 
     def __enter__(self) -> "Pool":
         self._check_running()
