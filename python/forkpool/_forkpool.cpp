@@ -16,6 +16,7 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <algorithm>
 #include <chrono>
 #include <optional>
 #include <string>
@@ -86,27 +87,33 @@ std::chrono::nanoseconds seconds(double value) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(value));
 }
 
-// Drives the pool's loop until `ready()` or `timeout` (none: for ever), the GIL released, looking
-// for signals every kSignalCheck: a KeyboardInterrupt ends the wait at once.
-bool wait_until_ready(const std::function<bool()>& ready, std::optional<double> timeout, const char* who) {
-  auto deadline =
-      timeout ? std::optional(std::chrono::steady_clock::now() + seconds(std::max(*timeout, 0.0))) : std::nullopt;
+// Calls `attempt(slice)` with the GIL released until it succeeds or `timeout` (seconds; None:
+// for ever) passes, looking for signals between slices of at most kSignalCheck: Ctrl-C ends the
+// wait at once (KeyboardInterrupt). The waits of pools and queues.
+template <class Attempt>
+bool in_slices(std::optional<double> timeout, Attempt attempt) {
+  using Clock = std::chrono::steady_clock;
+  // (At most a billion seconds: further is for ever, and would overflow the clock.)
+  Clock::time_point deadline =
+      timeout && *timeout < 1e9 ? Clock::now() + seconds(std::max(*timeout, 0.0)) : Clock::time_point::max();
   for (;;) {
-    if (ready()) return true;
-    auto slice = std::chrono::nanoseconds(kSignalCheck);
-    if (deadline) {
-      auto left = *deadline - std::chrono::steady_clock::now();
-      if (left <= std::chrono::nanoseconds::zero()) return false;
-      slice = std::min(slice, std::chrono::duration_cast<std::chrono::nanoseconds>(left));
-    }
+    auto slice = std::min<Clock::duration>(deadline - Clock::now(), kSignalCheck);
     bool done;
     {
       py::gil_scoped_release nogil;
-      done = fp::detail::drive_owners_loop_until(ready, slice, who);
+      done = attempt(std::max(std::chrono::nanoseconds(slice), std::chrono::nanoseconds::zero()));
     }
     if (done) return true;
+    if (Clock::now() >= deadline) return false;
     if (PyErr_CheckSignals() != 0) throw py::error_already_set();
   }
+}
+
+// Drives the pool's loop until `ready()` or `timeout`.
+bool wait_until_ready(const std::function<bool()>& ready, std::optional<double> timeout, const char* who) {
+  if (ready()) return true;
+  return in_slices(
+      timeout, [&](std::chrono::nanoseconds slice) { return fp::detail::drive_owners_loop_until(ready, slice, who); });
 }
 
 // A Python object held by C++ that may let go of it without the GIL (the loop drops a callback
@@ -214,6 +221,32 @@ class CorePool {
   std::optional<fp::Task<void>> joining_;  // declared after pool_: destroyed first
 };
 
+// forkpool.Queue's core: a forkpool Queue of messages. A process forked after it was made (a
+// Process, a pool's worker) has it too.
+class CoreQueue {
+ public:
+  explicit CoreQueue(std::size_t maxsize) : queue_(maxsize) {}
+
+  // False when the queue stayed full until `timeout` (None: for ever; 0: put_nowait).
+  bool put(const py::bytes& payload, std::vector<at::Tensor> tensors, std::optional<double> timeout) {
+    Message item{std::string(payload), std::move(tensors)};
+    return in_slices(timeout, [&](std::chrono::nanoseconds slice) { return queue_.put(item, slice); });
+  }
+  // The item, or None when the queue stayed empty until `timeout` (None: for ever; 0: get_nowait).
+  std::optional<py::tuple> get(std::optional<double> timeout) {
+    std::optional<Message> item;
+    in_slices(timeout, [&](std::chrono::nanoseconds slice) { return (item = queue_.get(slice)).has_value(); });
+    if (!item) return std::nullopt;
+    return py::make_tuple(py::bytes(item->first), std::move(item->second));
+  }
+  std::size_t qsize() const { return queue_.qsize(); }
+  std::size_t maxsize() const { return queue_.maxsize(); }
+  void close() { queue_.close(); }
+
+ private:
+  fp::Queue<Message> queue_;
+};
+
 }  // namespace
 
 PYBIND11_MODULE(_forkpool, m) {
@@ -267,6 +300,14 @@ PYBIND11_MODULE(_forkpool, m) {
       .def_property_readonly("processes", &CorePool::processes)
       .def("worker_pids", &CorePool::worker_pids);
 
+  py::class_<CoreQueue>(m, "CoreQueue")
+      .def(py::init<std::size_t>(), py::arg("maxsize"))
+      .def("put", &CoreQueue::put, py::arg("payload"), py::arg("tensors"), py::arg("timeout"))
+      .def("get", &CoreQueue::get, py::arg("timeout"))
+      .def("qsize", &CoreQueue::qsize)
+      .def_property_readonly("maxsize", &CoreQueue::maxsize)
+      .def("close", &CoreQueue::close);
+
   m.def(
       "share_memory_",
       [](at::Tensor tensor) {
@@ -274,5 +315,8 @@ PYBIND11_MODULE(_forkpool, m) {
         return tensor;
       },
       "Moves a CPU tensor's storage into forkpool's shared memory in place (as Tensor.share_memory_()).");
+  m.def(
+      "in_pool_worker", [] { return fp::worker_info().has_value(); },
+      "Whether this process is a pool's worker (it closed the descriptors it inherited).");
   m.def("is_shared", [](const at::Tensor& tensor) { return fp::torch::is_shared(tensor); });
 }
