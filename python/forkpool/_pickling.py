@@ -54,6 +54,10 @@ def _rebuild_parameter(index: int, requires_grad: bool) -> torch.nn.Parameter:
 
 def _reduce_tensor(tensor: torch.Tensor) -> tuple:
     _check_sendable(tensor)
+    if tensor.requires_grad and not tensor.is_leaf:  # torch.multiprocessing's words
+        raise RuntimeError("Cowardly refusing to serialize non-leaf tensor which requires_grad, since autograd "
+                           "does not support crossing process boundaries.  If you just want to transfer the data, "
+                           "call detach() on the tensor before serializing (e.g., putting it on the queue).")
     if not _forkpool.is_shared(tensor):
         with torch.no_grad():
             _forkpool.share_memory_(tensor)
