@@ -318,5 +318,13 @@ PYBIND11_MODULE(_forkpool, m) {
   m.def(
       "in_pool_worker", [] { return fp::worker_info().has_value(); },
       "Whether this process is a pool's worker (it closed the descriptors it inherited).");
+  m.def(
+      "worker_info",
+      []() -> std::optional<py::tuple> {
+        std::optional<fp::WorkerInfo> info = fp::worker_info();
+        if (!info) return std::nullopt;
+        return py::make_tuple(info->id, info->num_workers, info->seed);
+      },
+      "In a pool's worker: (id, num_workers, seed); else None.");
   m.def("is_shared", [](const at::Tensor& tensor) { return fp::torch::is_shared(tensor); });
 }
