@@ -551,6 +551,10 @@ bool PoolCoreImpl::take_back_for_idle() {
 
 void PoolCoreImpl::look_again_at(Clock::time_point when) {
   if (terminated_) return;
+  // Judged by schedule_time(), which lags while sends are held: a time already past on the
+  // clock is looked at again a moment later, from a turn of the loop (never from inside this
+  // call: dispatch() would call back here).
+  when = std::max(when, Clock::now() + kShortJob);
   bool waiting = look_again_at_.has_value();
   if (!waiting || when < *look_again_at_) look_again_at_ = when;
   if (!waiting) background_.start(look_again_later());
@@ -559,7 +563,9 @@ void PoolCoreImpl::look_again_at(Clock::time_point when) {
 Task<void> PoolCoreImpl::look_again_later() {
   auto self = shared_from_this();
   std::stop_token stop = stop_timers_.get_token();
-  while (!terminated_ && Clock::now() < *look_again_at_) co_await wait_until(*look_again_at_, stop);
+  do {
+    co_await wait_until(*look_again_at_, stop);
+  } while (!terminated_ && Clock::now() < *look_again_at_);
   look_again_at_.reset();
   if (terminated_) co_return;
   try {
