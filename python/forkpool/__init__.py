@@ -18,12 +18,13 @@ from ._forkpool import is_shared as _is_shared
 from ._forkpool import share_memory_ as _share_memory
 from ._worker import MaybeEncodingError, RemoteTraceback
 from .data import DataLoader, get_worker_info
+from .executor import Executor
 from .pool import AsyncResult, IMapIterator, Pool
 from .processes import (Process, ProcessContext, ProcessExitedException, ProcessRaisedException, spawn,
                         start_processes)
 from .queues import Queue, SimpleQueue
 
-__all__ = ["DataLoader", "get_worker_info", "Pool", "AsyncResult", "IMapIterator", "Queue", "SimpleQueue", "Process", "spawn", "start_processes",
+__all__ = ["Executor", "DataLoader", "get_worker_info", "Pool", "AsyncResult", "IMapIterator", "Queue", "SimpleQueue", "Process", "spawn", "start_processes",
            "ProcessContext", "ProcessRaisedException", "ProcessExitedException", "TimeoutError", "WorkerLost", "Cancelled", "InitializerError",
            "PoolTerminated", "ProtocolError", "RemoteTraceback", "MaybeEncodingError", "is_shared",
            "share_memory_", "get_all_sharing_strategies", "get_sharing_strategy", "set_sharing_strategy"]

@@ -153,8 +153,12 @@ class CallResult {
       } catch (py::error_already_set& error) {
         error.discard_as_unraisable("forkpool AsyncResult callback");
       }
+      ++callbacks_run;
     });
   }
+
+  // Callbacks run on this thread so far (CorePool::drive waits for the next).
+  static inline thread_local std::uint64_t callbacks_run = 0;
 
  private:
   fp::AsyncResult<Message> result_;
@@ -196,6 +200,12 @@ class CorePool {
     };
     wait_until_ready(any_ready, timeout, "forkpool imap_unordered");
     return first;
+  }
+  // Drives the pool's loop until a result's callback has run (when_ready) or `timeout` passes;
+  // True if one ran.
+  bool drive(std::optional<double> timeout) {
+    std::uint64_t seen = CallResult::callbacks_run;
+    return wait_until_ready([seen] { return CallResult::callbacks_run != seen; }, timeout, "forkpool Executor");
   }
   void close() { pool().close(); }
   void terminate() {
@@ -294,6 +304,7 @@ PYBIND11_MODULE(_forkpool, m) {
            py::arg("max_retries"), py::arg("task_timeout"), py::arg("seed"), py::arg("spin"))
       .def("submit", &CorePool::submit)
       .def("wait_any", &CorePool::wait_any, py::arg("results"), py::arg("timeout") = py::none())
+      .def("drive", &CorePool::drive, py::arg("timeout") = py::none())
       .def("close", &CorePool::close)
       .def("terminate", &CorePool::terminate)
       .def("join", &CorePool::join)

@@ -34,12 +34,6 @@ _RUN, _CLOSE, _TERMINATE = "RUN", "CLOSE", "TERMINATE"
 _DEFAULT_SPIN = 200e-6
 
 
-def _raise_remote(error: BaseException, tb: str) -> None:
-    if tb:
-        error.__cause__ = _worker.RemoteTraceback(tb)
-    raise error
-
-
 class AsyncResult:
     """The result of apply_async (CPython's ApplyResult)."""
 
@@ -74,7 +68,10 @@ class AsyncResult:
             data, tensors = call.get()
         except BaseException as error:  # WorkerLost, PoolTerminated, Cancelled...
             return ("error", error, "")
-        return _pickling.loads(data, tensors)
+        outcome = _pickling.loads(data, tensors)
+        if outcome[0] == "error" and outcome[2]:  # the worker's traceback, as CPython attaches it
+            outcome[1].__cause__ = _worker.RemoteTraceback(outcome[2])
+        return outcome
 
     def _settle(self) -> None:
         if self._outcome is not None:
@@ -127,7 +124,7 @@ class AsyncResult:
             raise TimeoutError
         if self._outcome[0] == "ok":
             return self._outcome[1]
-        _raise_remote(self._outcome[1], self._outcome[2])
+        raise self._outcome[1]  # its __cause__: the worker's traceback (_peek)
 
     def cancel(self) -> None:
         """forkpool's: stops the work behind this result (a running task's worker is replaced);
@@ -194,7 +191,7 @@ class IMapIterator:
             self._fill()
             outcome = AsyncResult._peek(call)
             if outcome[0] != "ok":
-                _raise_remote(outcome[1], outcome[2])
+                raise outcome[1]
             self._ready = list(reversed(outcome[1]))
         return self._ready.pop()
 

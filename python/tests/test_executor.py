@@ -1,0 +1,67 @@
+"""forkpool.Executor under concurrent.futures' and asyncio's use, and a killed worker."""
+
+import asyncio
+import concurrent.futures
+import os
+import signal
+import time
+
+import pytest
+
+import forkpool
+
+
+def square(x):
+    return x * x
+
+
+def fail(x):
+    raise ValueError(x)
+
+
+def kill_myself():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_submit_map_as_completed_and_wait():
+    with forkpool.Executor(max_workers=2) as executor:
+        futures = [executor.submit(square, i) for i in range(50)]
+        assert sorted(f.result(timeout=20) for f in concurrent.futures.as_completed(futures, timeout=20)) == \
+            sorted(i * i for i in range(50))
+        done, not_done = concurrent.futures.wait(futures, timeout=20)
+        assert len(done) == 50 and not not_done
+        assert list(executor.map(square, range(20))) == [i * i for i in range(20)]
+        assert list(executor.map(pow, range(20), [2] * 20, chunksize=6)) == [i * i for i in range(20)]
+
+
+def test_an_exception_reaches_its_future_and_a_killed_worker_fails_only_its_own():
+    with forkpool.Executor(max_workers=2) as executor:
+        with pytest.raises(ValueError):
+            executor.submit(fail, 3).result(timeout=20)
+        others = [executor.submit(square, i) for i in range(10)]
+        with pytest.raises(forkpool.WorkerLost):
+            executor.submit(kill_myself).result(timeout=20)
+        assert [f.result(timeout=20) for f in others] == [i * i for i in range(10)]
+        assert executor.submit(square, 7).result(timeout=20) == 49, "the executor goes on"
+
+
+def test_asyncio_run_in_executor_and_wrap_future():
+    async def main(executor):
+        loop = asyncio.get_running_loop()
+        results = await asyncio.gather(*(loop.run_in_executor(executor, square, i) for i in range(10)))
+        wrapped = await asyncio.wrap_future(executor.submit(square, 12))
+        return results, wrapped
+
+    with forkpool.Executor(max_workers=2) as executor:
+        assert asyncio.run(main(executor)) == ([i * i for i in range(10)], 144)
+
+
+def test_shutdown_refuses_new_work_and_cancels_what_waits():
+    executor = forkpool.Executor(max_workers=1)
+    slow = executor.submit(time.sleep, 0.3)
+    queued = [executor.submit(square, i) for i in range(200)]
+    executor.shutdown(wait=True, cancel_futures=True)
+    assert slow.done()
+    assert all(f.done() for f in queued)
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        executor.submit(square, 1)
