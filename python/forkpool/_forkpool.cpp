@@ -338,4 +338,7 @@ PYBIND11_MODULE(_forkpool, m) {
       },
       "In a pool's worker: (id, num_workers, seed); else None.");
   m.def("is_shared", [](const at::Tensor& tensor) { return fp::torch::is_shared(tensor); });
+  m.def(
+      "empty_bytes", [](std::int64_t bytes) { return fp::torch::empty({bytes}, at::TensorOptions().dtype(at::kByte)); },
+      "A new uint8 tensor of `bytes` in forkpool's shared memory (its contents are whatever was there).");
 }

@@ -28,6 +28,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.utils.data
 from torch.utils.data import IterableDataset
+from torch.utils.data._utils import collate as torch_collate
 from torch.utils.data._utils import worker as torch_worker
 
 from . import _forkpool
@@ -38,6 +39,25 @@ from .queues import Queue
 __all__ = ["DataLoader", "get_worker_info"]
 
 get_worker_info = torch.utils.data.get_worker_info
+
+def _collate_tensors_into_a_slab(batch: list, *, collate_fn_map: Any = None) -> torch.Tensor:
+    # torch's collate_tensor_fn stacks into new shared memory of torch's own (a descriptor and a
+    # mapping per batch), which would then be copied into a slab to cross: stack into one here.
+    elem = batch[0]
+    shape = (len(batch), *elem.shape)
+    numel = len(batch) * elem.numel()
+    out = _forkpool.empty_bytes(max(numel * elem.element_size(), 1))[:numel * elem.element_size()]
+    return torch.stack(batch, 0, out=out.view(elem.dtype).view(shape))
+
+
+_collate_map = dict(torch_collate.default_collate_fn_map)
+_collate_map[torch.Tensor] = _collate_tensors_into_a_slab
+
+
+def _default_collate(batch: list) -> Any:
+    """torch's default_collate, its tensors stacked into forkpool shared memory."""
+    return torch_collate.collate(batch, collate_fn_map=_collate_map)
+
 
 # What workers find by key: a loader's dataset and functions, inherited through the fork that
 # started them (so nothing of them is pickled).
@@ -155,7 +175,8 @@ class DataLoader:
         self.batch_sampler = self._torch.batch_sampler
         self._iterable = isinstance(dataset, IterableDataset)
         self._key = next(_next_key)
-        _loaders[self._key] = {"dataset": dataset, "collate_fn": self.collate_fn, "worker_init_fn": worker_init_fn,
+        worker_collate = _default_collate if collate_fn is None and self._torch._auto_collation else self.collate_fn
+        _loaders[self._key] = {"dataset": dataset, "collate_fn": worker_collate, "worker_init_fn": worker_init_fn,
                                "auto_collation": self._torch._auto_collation, "batch_size": batch_size,
                                "drop_last": drop_last}
         self._pool: Optional[Pool] = None  # persistent workers (map-style)
