@@ -160,6 +160,13 @@ class CallResult {
   // Callbacks run on this thread so far (CorePool::drive waits for the next).
   static inline thread_local std::uint64_t callbacks_run = 0;
 
+  // When ready, `token` joins the tokens CorePool::drive() returns: told without the GIL (a
+  // callback would take it inside the loop, and wait for whichever thread holds it).
+  void notify_done(std::uint64_t token) {
+    result_.add_done_callback([token](fp::AsyncResult<Message>&) { done_tokens.push_back(token); });
+  }
+  static inline thread_local std::vector<std::uint64_t> done_tokens;
+
  private:
   fp::AsyncResult<Message> result_;
 };
@@ -206,6 +213,13 @@ class CorePool {
   bool drive(std::optional<double> timeout) {
     std::uint64_t seen = CallResult::callbacks_run;
     return wait_until_ready([seen] { return CallResult::callbacks_run != seen; }, timeout, "forkpool Executor");
+  }
+  // Drives the pool's loop until a result told of by notify_done() is ready, or `timeout`
+  // passes; returns the tokens of those ready since the last call.
+  std::vector<std::uint64_t> take_done(std::optional<double> timeout) {
+    auto& done = CallResult::done_tokens;
+    wait_until_ready([&] { return !done.empty(); }, timeout, "forkpool Executor");
+    return std::exchange(done, {});
   }
   void close() { pool().close(); }
   void terminate() {
@@ -295,7 +309,8 @@ PYBIND11_MODULE(_forkpool, m) {
       .def("wait", &CallResult::wait, py::arg("timeout") = py::none())
       .def("get", &CallResult::get)
       .def("cancel", &CallResult::cancel)
-      .def("when_ready", &CallResult::when_ready);
+      .def("when_ready", &CallResult::when_ready)
+      .def("notify_done", &CallResult::notify_done);
 
   py::class_<CorePool>(m, "CorePool")
       .def(py::init<int, int, std::optional<py::bytes>, const std::string&, int, double, std::uint64_t,
@@ -305,6 +320,7 @@ PYBIND11_MODULE(_forkpool, m) {
       .def("submit", &CorePool::submit)
       .def("wait_any", &CorePool::wait_any, py::arg("results"), py::arg("timeout") = py::none())
       .def("drive", &CorePool::drive, py::arg("timeout") = py::none())
+      .def("take_done", &CorePool::take_done, py::arg("timeout") = py::none())
       .def("close", &CorePool::close)
       .def("terminate", &CorePool::terminate)
       .def("join", &CorePool::join)

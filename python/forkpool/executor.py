@@ -18,7 +18,8 @@ import queue
 import threading
 from typing import Any, Callable, Iterable, Iterator, Optional
 
-from .pool import Pool
+from . import _worker
+from .pool import AsyncResult, Pool
 
 __all__ = ["Executor"]
 
@@ -92,13 +93,14 @@ class Executor(concurrent.futures.Executor):
             started.put(error)
             return
         started.put(None)
-        self._running = 0  # futures sent and not settled
+        self._running: dict = {}  # token -> (the call, its Future), sent and not settled
+        self._tokens = itertools.count()
         closing = False
         with pool:
-            while not (closing and self._running == 0):
-                closing = self._take_submissions(pool, block=self._running == 0) or closing
+            while not (closing and not self._running):
+                closing = self._take_submissions(pool, block=not self._running) or closing
                 if self._running:
-                    pool._core.drive(_POLL)  # settles futures in the results' callbacks
+                    self._settle(pool)
 
     def _take_submissions(self, pool: Pool, block: bool) -> bool:
         """Sends what was submitted; True once shutdown was asked for."""
@@ -123,14 +125,20 @@ class Executor(concurrent.futures.Executor):
             if not future.set_running_or_notify_cancel():
                 continue
             try:
-                pool.apply_async(fn, args, kwargs, callback=self._settler(future, future.set_result),
-                                 error_callback=self._settler(future, future.set_exception))
-                self._running += 1
+                call = pool._submit(_worker.call, (fn, args, kwargs))
             except BaseException as error:  # noqa: B036 - cannot be pickled, say
                 future.set_exception(error)
+                continue
+            token = next(self._tokens)
+            call.notify_done(token)
+            self._running[token] = (call, future)
 
-    def _settler(self, future: concurrent.futures.Future, settle: Callable) -> Callable:
-        def settled(outcome: Any) -> None:
-            self._running -= 1
-            settle(outcome)
-        return settled
+    def _settle(self, pool: Pool) -> None:
+        """Drives the pool a while; settles the futures whose results came."""
+        for token in pool._core.take_done(_POLL):
+            call, future = self._running.pop(token)
+            outcome = AsyncResult._peek(call)
+            if outcome[0] == "ok":
+                future.set_result(outcome[1])
+            else:
+                future.set_exception(outcome[1])
