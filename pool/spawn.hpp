@@ -16,11 +16,14 @@
 #include <optional>
 #include <stdexcept>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <forkpool/pool/pool.hpp>
 #include <forkpool/pool/pool_options.hpp>
+#include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/unique_fd.hpp>
+#include <forkpool/sync/queue.hpp>
 
 namespace forkpool {
 
@@ -123,6 +126,27 @@ auto spawn(F fn, int nprocs, SpawnOptions options, Args... args) {
   options.join = true;
   if constexpr (std::is_void_v<R>) {
     start_processes(fn, nprocs, options, args...);
+  } else if constexpr (!detail::is_sendable_function_v<F>) {
+    // A callable with state, under fork: each rank is forked with it, and its value comes back
+    // on a queue made before the forks.
+    static_assert(detail::has_codec_v<R>, "forkpool::spawn: a rank's value crosses to the caller: R needs a codec");
+    if (options.start_method != StartMethod::fork)
+      throw std::invalid_argument(
+          "forkpool: spawn of a callable with state needs StartMethod::fork (under forkserver and spawn, fn must "
+          "be a function pointer or a lambda without captures)");
+    Queue<std::pair<int, R>> returned;
+    ProcessContext context = ProcessContext::start(nprocs, [&](int rank) { returned.put({rank, fn(rank, args...)}); });
+    while (!context.join()) {}
+    std::vector<std::optional<R>> by_rank(static_cast<std::size_t>(nprocs));
+    for (int i = 0; i < nprocs; ++i) {
+      std::optional<std::pair<int, R>> value = returned.get_nowait();  // every rank put before it exited
+      if (!value || value->first < 0 || value->first >= nprocs)
+        throw ProtocolError("forkpool: spawn: a rank ended well without its value");
+      by_rank[static_cast<std::size_t>(value->first)] = std::move(value->second);
+    }
+    std::vector<R> values;
+    for (auto& value : by_rank) values.push_back(std::move(*value));
+    return values;
   } else {
     detail::check_sendable<F>();
     std::vector<AsyncResult<R>> results;

@@ -8,7 +8,9 @@
 #include <atomic>
 #include <chrono>
 #include <stdexcept>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/pool/spawn.hpp>
@@ -131,6 +133,13 @@ TEST_P(Spawn, JoinWithATimeoutSaysWhetherAllEnded) {
   bool done = false;
   while (!done && std::chrono::steady_clock::now() < deadline) done = context.join(100ms);
   EXPECT_TRUE(done);
+}
+
+// Issue 58.5: under fork, spawn of a callable with state that returns a value did not compile.
+TEST(SpawnTest, AStatefulCallableUnderForkReturnsEachRanksValue) {
+  std::string prefix = "rank-";
+  std::vector<std::string> names = spawn([prefix](int rank) { return prefix + std::to_string(rank); }, 3);
+  EXPECT_EQ(names, (std::vector<std::string>{"rank-0", "rank-1", "rank-2"}));
 }
 
 TEST(SpawnOptionsTest, AFunctionHoldingStateIsForkOnly) {
