@@ -197,19 +197,39 @@ void Condition::check_held(const std::unique_lock<Lock>& held, const char* who) 
     throw std::logic_error(std::string("forkpool: ") + who + " holding another lock than the condition's (get_lock())");
 }
 
+Condition::Condition(RLock lock) : Condition(std::move(lock.lock_)) {}
+
+void Condition::wait(std::unique_lock<RLock>& held) { wait_for(held, detail::kForever); }
+
+void Condition::check_held(const std::unique_lock<RLock>& held, const char* who) const {
+  if (!held.owns_lock()) throw std::logic_error(std::string("forkpool: ") + who + " without its lock held");
+  if (!held.mutex()->lock_.is(lock_))
+    throw std::logic_error(std::string("forkpool: ") + who + " holding another lock than the condition's (get_lock())");
+}
+
 bool Condition::wait_for(std::unique_lock<Lock>& held, std::chrono::nanoseconds timeout) {
   check_held(held, "Condition::wait");
+  return release_and_wait(1, timeout);
+}
+
+bool Condition::wait_for(std::unique_lock<RLock>& held, std::chrono::nanoseconds timeout) {
+  check_held(held, "Condition::wait");
+  // glibc keeps a recursive mutex's depth beside its owner: how often this thread took it.
+  return release_and_wait(lock_.page_->as<LockState>()->mutex.__data.__count, timeout);
+}
+
+bool Condition::release_and_wait(int depth, std::chrono::nanoseconds timeout) {
   auto& sequence = page_->as<ConditionState>()->sequence;
   std::uint32_t seen = sequence.load();
   auto deadline = detail::deadline_after(timeout);
-  held.unlock();
+  for (int i = 0; i < depth; ++i) lock_.unlock();
   // Slices: a timeout of "for ever" would overflow a timespec.
   while (sequence.load() == seen) {
     auto left = deadline - std::chrono::steady_clock::now();
     if (left <= 0ns) break;
     detail::wait_for_word(&sequence, seen, std::min<std::chrono::nanoseconds>(left, 1h), "forkpool: Condition::wait");
   }
-  held.lock();
+  for (int i = 0; i < depth; ++i) lock_.lock();
   return sequence.load() != seen;
 }
 

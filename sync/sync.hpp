@@ -87,6 +87,7 @@ class Lock {
 // RLock: robust in the same way. Any thread; unlock() from the thread that locked.
 class RLock {
  public:
+  friend class Condition;
   RLock() : lock_(Lock::Recursive{}) {}  // Throws std::system_error.
   void lock() { lock_.lock(); }
   bool try_lock() { return lock_.try_lock(); }
@@ -109,21 +110,31 @@ class RLock {
 //   Condition ready;
 //   std::unique_lock held(ready.get_lock());
 //   ready.wait(held, [&] { return queue_has_work(); });
+//
+// Over an RLock (Python's default, and Value's get_lock()), a wait lets the lock go however many
+// times its holder took it, and takes it back as many times:
+//   Value<int> counter(0);
+//   Condition changed(counter.get_lock());
+//   std::unique_lock held(counter.get_lock());
+//   changed.wait(held, [&] { return counter.load() > 0; });
 class Condition {
  public:
   explicit Condition(Lock lock = {});  // Throws std::system_error.
+  explicit Condition(RLock lock);      // Throws std::system_error.
   Lock& get_lock() noexcept { return lock_; }
 
   void wait(std::unique_lock<Lock>& held);
+  void wait(std::unique_lock<RLock>& held);
   // False when `timeout` passed without a notify.
   bool wait_for(std::unique_lock<Lock>& held, std::chrono::nanoseconds timeout);
-  template <class Predicate>
-  void wait(std::unique_lock<Lock>& held, Predicate ready) {
+  bool wait_for(std::unique_lock<RLock>& held, std::chrono::nanoseconds timeout);
+  template <class Held, class Predicate>
+  void wait(std::unique_lock<Held>& held, Predicate ready) {
     while (!ready()) wait(held);
   }
   // ready()'s last value: false when `timeout` passed first.
-  template <class Predicate>
-  bool wait_for(std::unique_lock<Lock>& held, std::chrono::nanoseconds timeout, Predicate ready) {
+  template <class Held, class Predicate>
+  bool wait_for(std::unique_lock<Held>& held, std::chrono::nanoseconds timeout, Predicate ready) {
     auto deadline = detail::deadline_after(timeout);
     while (!ready()) {
       auto left = deadline - std::chrono::steady_clock::now();
@@ -143,6 +154,9 @@ class Condition {
   friend struct codec<Condition>;
   Condition(Lock lock, std::shared_ptr<detail::SharedPage> page) : lock_(std::move(lock)), page_(std::move(page)) {}
   void check_held(const std::unique_lock<Lock>& held, const char* who) const;
+  void check_held(const std::unique_lock<RLock>& held, const char* who) const;
+  // Lets go of lock_, taken `depth` times, until a notify or `timeout`; then takes it as often.
+  bool release_and_wait(int depth, std::chrono::nanoseconds timeout);
   Lock lock_;
   detail::SharedHandle<detail::SharedPage, "Condition"> page_;
 };

@@ -256,6 +256,32 @@ TEST_P(SyncTest, AConditionWakesItsWaitersOnNotifyAll) {
   for (Process& p : waiters) EXPECT_TRUE(p.join(10s));
 }
 
+void bump_and_notify(Value<int> counter, Condition changed) {
+  std::lock_guard held(counter.get_lock());
+  counter.store(counter.load() + 1);
+  changed.notify_all();
+}
+
+// Issue 58.6: Condition(value.get_lock()) did not compile; Python's Condition takes an RLock (its
+// default) and lets it go however many times its holder took it while it waits.
+TEST(ConditionTest, AConditionOverAnRLockLetsItGoHoweverOftenItWasTakenWhileItWaits) {
+  Value<int> counter(0);
+  Condition changed(counter.get_lock());
+  std::unique_lock held(counter.get_lock());
+  counter.get_lock().lock();  // taken twice: the wait must let go of both for the other process
+  Process bumper = start_process(bump_and_notify, counter, changed);
+  EXPECT_TRUE(changed.wait_for(held, 20s, [&] { return counter.load() > 0; }));
+  EXPECT_TRUE(counter.get_lock().try_lock()) << "held again, as often as before";
+  counter.get_lock().unlock();
+  counter.get_lock().unlock();
+  held.unlock();
+  bumper.join();
+  EXPECT_EQ(bumper.exitcode(), 0);
+  Value<int> other(0);
+  std::unique_lock other_lock(other.get_lock());
+  EXPECT_THROW(changed.wait_for(other_lock, 1ms), std::logic_error) << "another RLock than the condition's";
+}
+
 TEST(ConditionTest, WaitForWithoutANotifyTimesOutHoldingTheLock) {
   Condition condition;
   std::unique_lock held(condition.get_lock());
