@@ -3,14 +3,23 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <string>
 
 namespace forkpool::detail {
 namespace {
 
+// Before this much time has passed a rate says nothing (2 items in 3 µs is not 750,000 a second).
+constexpr std::chrono::milliseconds kRateAfter{200};
+
+// Items a second since `since`; 0 (shown as "?") before kRateAfter.
 double items_per_second(std::size_t done, std::chrono::steady_clock::time_point since) {
-  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
-  return seconds > 0 ? static_cast<double>(done) / seconds : 0.0;
+  auto elapsed = std::chrono::steady_clock::now() - since;
+  if (elapsed < kRateAfter) return 0.0;
+  return static_cast<double>(done) / std::chrono::duration<double>(elapsed).count();
 }
+
+// The rate as shown: "?" while it is not known yet.
+std::string rate_text(double rate) { return rate > 0 ? std::to_string(static_cast<long long>(rate + 0.5)) : "?"; }
 
 // Without a total there are no tenths: a line this often instead.
 constexpr std::chrono::seconds kUnknownTotalEvery{5};
@@ -42,8 +51,8 @@ void ProgressLine::draw(const Progress& progress) {
       auto seconds = static_cast<long>(static_cast<double>(*progress.total - progress.done) / rate);
       left = std::to_string(seconds / 60) + ":" + (seconds % 60 < 10 ? "0" : "") + std::to_string(seconds % 60);
     }
-    std::fprintf(stderr, "\r\033[K%s [%s] %zu/%s  %.0f/s  left %s", label_.c_str(), bar.c_str(), progress.done,
-                 total.c_str(), rate, left.c_str());
+    std::fprintf(stderr, "\r\033[K%s [%s] %zu/%s  %s/s  left %s", label_.c_str(), bar.c_str(), progress.done,
+                 total.c_str(), rate_text(rate).c_str(), left.c_str());
     std::fflush(stderr);
     return;
   }
@@ -52,24 +61,28 @@ void ProgressLine::draw(const Progress& progress) {
     return;
   }
   if (*progress.total == 0) return;
-  // One line for the highest tenth reached, with the counts of now (several may pass at once).
+  // A line for each tenth reached, as promised, also when several passed since the last draw:
+  // each with the count that reached it (the last with the count of now).
   auto reached = static_cast<int>(10 * progress.done / *progress.total);
-  if (reached > tenths_printed_) {
-    tenths_printed_ = reached;
-    print_line(progress, 10 * reached);
+  while (tenths_printed_ < reached) {
+    ++tenths_printed_;
+    Progress at = progress;
+    if (tenths_printed_ < reached)  // the first count that is this tenth
+      at.done = (*progress.total * static_cast<std::size_t>(tenths_printed_) + 9) / 10;
+    print_line(at, 10 * tenths_printed_);
   }
 }
 
 void ProgressLine::print_line(const Progress& progress, int percent) {
   double rate = items_per_second(progress.done, started_);
   if (percent >= 0) {
-    std::fprintf(stderr, "%s: %d%% (%zu/%zu items, %.0f items/s)\n", label_.c_str(), percent, progress.done,
-                 *progress.total, rate);
+    std::fprintf(stderr, "%s: %d%% (%zu/%zu items, %s items/s)\n", label_.c_str(), percent, progress.done,
+                 *progress.total, rate_text(rate).c_str());
   } else if (progress.total) {
-    std::fprintf(stderr, "%s: ended at %zu/%zu items (%.0f items/s)\n", label_.c_str(), progress.done, *progress.total,
-                 rate);
+    std::fprintf(stderr, "%s: ended at %zu/%zu items (%s items/s)\n", label_.c_str(), progress.done, *progress.total,
+                 rate_text(rate).c_str());
   } else {
-    std::fprintf(stderr, "%s: %zu items (%.0f items/s)\n", label_.c_str(), progress.done, rate);
+    std::fprintf(stderr, "%s: %zu items (%s items/s)\n", label_.c_str(), progress.done, rate_text(rate).c_str());
   }
   last_line_ = std::chrono::steady_clock::now();
   done_printed_ = progress.done;
