@@ -38,6 +38,7 @@
 #include <forkpool/pool/internal/core_stream.hpp>
 #include <forkpool/pool/internal/index_batch.hpp>
 #include <forkpool/pool/internal/stream_state.hpp>
+#include <forkpool/pool/default_collate.hpp>
 #include <forkpool/pool/pool.hpp>
 #include <forkpool/pool/stream.hpp>
 #include <forkpool/pool/worker_info.hpp>
@@ -100,10 +101,6 @@ struct ShardCursor<Dataset> {
   std::optional<std::ranges::iterator_t<Dataset&>> at;
 };
 
-// Tensors stack into one batch tensor; other samples make a vector.
-template <class Sample>
-using DefaultBatch = std::conditional_t<std::is_same_v<Sample, Tensor>, Tensor, std::vector<Sample>>;
-
 // Throws std::invalid_argument naming the option that is out of range (or, for an iterable
 // dataset, that needs a sampler: shuffle, world_size).
 void check_loader_options(const DataLoaderOptions& options, bool iterable);
@@ -133,8 +130,6 @@ class Stacker {
   std::byte* next_ = nullptr;     // where the next sample's elements go
   std::size_t sample_bytes_ = 0;  // each sample's (they have one shape and dtype)
 };
-// All of `samples` through a Stacker.
-Tensor stack(const std::vector<Tensor>& samples);
 // Inside a catch block: the sample `index`'s error, as it crosses to the consumer (its type
 // name kept, "sample N: " before its message).
 [[noreturn]] void throw_sample_error(std::uint64_t index);
@@ -153,15 +148,15 @@ std::exception_ptr naming_batch(std::exception_ptr error, const std::string& bat
 // become, RemoteError, for a sample's error; the error itself otherwise.
 std::exception_ptr as_remote_error();
 
+}  // namespace detail
+
+namespace detail {
+template <class Sample>
+using DefaultBatch = typename DefaultCollate<Sample>::Batch;
 template <class Sample>
 DefaultBatch<Sample> default_collate(std::vector<Sample> samples) {
-  if constexpr (std::is_same_v<Sample, Tensor>) {
-    return stack(samples);
-  } else {
-    return samples;
-  }
+  return DefaultCollate<Sample>::collate(std::move(samples));
 }
-
 }  // namespace detail
 
 template <class Dataset, class Batch = detail::DefaultBatch<detail::SampleOf<Dataset>>>

@@ -756,6 +756,32 @@ TEST(TorchTest, ADataLoaderOfPairsOrTuplesCollatesEachFieldIntoASharedBatch) {
   }
 }
 
+// Issue 58.12: with no collate given, a DataLoader of libtorch samples collates as torch's
+// default_collate does (it gave a std::vector): tensors stacked, pairs and tuples field by field.
+TEST(TorchTest, ADataLoaderWithoutACollateStacksTensorsAndCollatesPairsAndTuplesByField) {
+  DataLoader rows(Rows{}, {.batch_size = 4, .timeout = 20s});
+  std::vector<at::Tensor> stacked;
+  for (at::Tensor& batch : rows) stacked.push_back(batch);
+  ASSERT_EQ(stacked.size(), 2u);
+  EXPECT_EQ(stacked[0].sizes(), (std::vector<std::int64_t>{4, 3}));
+  EXPECT_EQ(stacked[1][1][2].item<float>(), 5.0f);
+
+  DataLoader labelled(LabelledRows{}, {.batch_size = 4, .num_workers = 2, .timeout = 20s});
+  std::vector<std::pair<at::Tensor, at::Tensor>> batches;
+  for (auto& [images, labels] : labelled) batches.emplace_back(images, labels);
+  ASSERT_EQ(batches.size(), 2u);
+  EXPECT_EQ(batches[1].first.sizes(), (std::vector<std::int64_t>{2, 2, 3}));
+  EXPECT_TRUE(::torch::equal(batches[1].second, ::torch::tensor({14, 15}, at::kLong)));
+  EXPECT_TRUE(fpt::is_shared(batches[0].first));
+
+  DataLoader measured(Measurements{}, {.batch_size = 5, .timeout = 20s});
+  for (auto& [scale, values, odd] : measured) {
+    EXPECT_TRUE(::torch::equal(scale, ::torch::tensor({0.0, 0.5, 1.0, 1.5, 2.0}, at::kDouble)));
+    EXPECT_EQ(values.sizes(), (std::vector<std::int64_t>{5, 4}));
+    EXPECT_TRUE(::torch::equal(odd, ::torch::tensor({false, true, false, true, false})));
+  }
+}
+
 at::Tensor a_batch(int index) {
   at::Tensor t = fpt::empty({4096});
   t.fill_(index);

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include <forkpool/ipc/codec.hpp>
+#include <forkpool/pool/default_collate.hpp>
 #include <forkpool/shm/tensor.hpp>
 
 namespace torch::nn {
@@ -131,6 +132,25 @@ auto collate_fields(std::vector<Sample> samples) {
 }  // namespace forkpool::torch
 
 namespace forkpool {
+
+// A DataLoader's default collate of libtorch samples, as torch's default_collate: tensors stack
+// into one batch tensor in shared memory; pairs and tuples of tensors and numbers collate field
+// by field (forkpool::torch::collate, collate_fields).
+template <>
+struct DefaultCollate<at::Tensor> {
+  using Batch = at::Tensor;
+  static at::Tensor collate(std::vector<at::Tensor> samples) { return torch::collate(std::move(samples)); }
+};
+template <class A, class B>
+requires(torch::detail::CollatedField<A>&& torch::detail::CollatedField<B>) struct DefaultCollate<std::pair<A, B>> {
+  using Batch = std::pair<at::Tensor, at::Tensor>;
+  static Batch collate(std::vector<std::pair<A, B>> samples) { return torch::collate_fields(std::move(samples)); }
+};
+template <class... Fields>
+requires(torch::detail::CollatedField<Fields>&&...) struct DefaultCollate<std::tuple<Fields...>> {
+  using Batch = decltype(torch::collate_fields(std::declval<std::vector<std::tuple<Fields...>>>()));
+  static Batch collate(std::vector<std::tuple<Fields...>> samples) { return torch::collate_fields(std::move(samples)); }
+};
 
 template <>
 struct codec<at::Tensor> {
