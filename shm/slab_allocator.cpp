@@ -75,7 +75,7 @@ std::shared_ptr<detail::Storage> SlabAllocator::allocate(std::size_t bytes) {
   std::unique_lock lock(slab_lock());
   if (size_class.with_free.empty()) {
     lock.unlock();  // making and paging in a slab takes a while; other threads go on meanwhile
-    std::size_t slab_bytes = round_up(size_class.block_bytes, kSlabBytes);
+    std::size_t slab_bytes = round_up(size_class.block_bytes, slab_bytes_after(size_class.slabs.size()));
     std::shared_ptr<detail::Slab> slab = detail::Slab::create(slab_bytes);
     lock.lock();
     auto blocks = static_cast<std::uint32_t>(slab_bytes / size_class.block_bytes);

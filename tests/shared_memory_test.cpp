@@ -353,6 +353,28 @@ TEST(SharedMemory, TwentyThousandTensorsMadeByWorkersAreKeptWithFewDescriptors) 
   EXPECT_LT(open_fd_count(), 64);
 }
 
+// Issue 58.7: 5,000 kept batches of 48 KiB held 120 descriptors (a 2 MiB slab each 42). A size
+// class's slabs grow, so 1 GiB of them, made by workers or by the parent, needs fewer than 64.
+int mappings_held_in_worker(int) { return slab_mappings_of(getpid()); }
+TEST(SharedMemory, AGibibyteOfKept48KiBTensorsNeedsFewerThan64DescriptorsEitherWay) {
+  constexpr std::int64_t kFloats = 48 * 1024 / 4;
+  constexpr std::size_t kTensors = (std::size_t{1} << 30) / (48 * 1024);
+  Pool pool({.processes = 1});
+  std::vector<Tensor> made =
+      pool.map_async([](std::int64_t n) { return batch(n, 2.0f); }, std::vector<std::int64_t>(kTensors, kFloats), 512)
+          .get(60s);
+  ASSERT_EQ(made.size(), kTensors);
+  EXPECT_EQ(made.back().data<float>()[kFloats - 1], 2.0f);
+  EXPECT_LT(shared_memory_stats().descriptors, 64u) << "worker-made, kept here";
+  made.clear();
+  std::vector<Tensor> kept;
+  for (std::size_t i = 0; i < kTensors; ++i) kept.push_back(Tensor::empty({kFloats}, DType::i32));
+  EXPECT_LT(shared_memory_stats().descriptors, 64u) << "made here";
+  EXPECT_EQ(pool.map_async(first_int, std::vector<Tensor>(kept.begin(), kept.begin() + 4096), 512).get(60s).size(),
+            4096u);
+  EXPECT_LT(pool.apply_async(mappings_held_in_worker, 0).get(20s), 64) << "the worker maps them in few slabs too";
+}
+
 TEST(SharedMemory, TwentyThousandTensorsMadeByTheParentEachSentToAWorkerNeedFewDescriptors) {
   Pool pool({.processes = 2, .initializer = [] {
                rlimit limit{256, 256};

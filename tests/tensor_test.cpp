@@ -673,13 +673,14 @@ TEST(Tensor, AFullDescriptorTableIsAProtocolErrorAndThePoolRecovers) {
   int status = test_support::run_in_child([] {
     Pool pool({.processes = 1, .start_method = StartMethod::fork});
     pool.apply_async(make_in_worker, 4).get();  // warm: every descriptor the pool needs is open
-    rlimit limit{static_cast<rlim_t>(test_support::open_fd_count() + 16), 1024};
+    rlimit limit{static_cast<rlim_t>(test_support::open_fd_count() + 4), 1024};
     if (setrlimit(RLIMIT_NOFILE, &limit) != 0) throw std::runtime_error("setrlimit");
     std::vector<Tensor> held;  // each keeps its slab, and the slab's descriptor, open
     bool refused = false;
-    for (int i = 0; i < 64 && !refused; ++i) {
+    for (int i = 0; i < 16 && !refused; ++i) {
       try {
-        held.push_back(pool.apply_async(make_in_worker, 1 << 20).get());  // a 4 MiB slab each
+        // Past the largest block: a slab of its own each (smaller ones share slabs that grow).
+        held.push_back(pool.apply_async(make_in_worker, (65 << 20) / 4).get());
       } catch (const ProtocolError& e) {
         refused = std::string(e.what()).find("descriptor table") != std::string::npos;
         if (!refused) throw;

@@ -25,7 +25,16 @@ class Storage;
 class SlabAllocator {
  public:
   static constexpr std::size_t kLargestBlock = std::size_t{64} << 20;
-  static constexpr std::size_t kSlabBytes = std::size_t{2} << 20;  // of the small classes
+  // A size class's first slab; each slab it makes while it holds others is twice the last, up to
+  // kLargestSlab: many kept tensors cost few descriptors (1 GiB of 48 KiB blocks: 20 slabs, where
+  // slabs of 2 MiB would take 512), and a few cost little memory.
+  static constexpr std::size_t kSlabBytes = std::size_t{2} << 20;
+  static constexpr std::size_t kLargestSlab = std::size_t{64} << 20;
+  // The bytes of a size class's next slab when it holds `slabs` already.
+  static constexpr std::size_t slab_bytes_after(std::size_t slabs) noexcept {
+    return slabs >= 5 ? kLargestSlab : kSlabBytes << slabs;  // 2 MiB << 5 is kLargestSlab
+  }
+
   static constexpr std::size_t kDefaultCacheLimit = std::size_t{256} << 20;
 
   // The allocator of the calling process.
