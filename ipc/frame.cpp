@@ -70,6 +70,10 @@ msghdr* FrameReceiver::prepare() {
   return &msg_;
 }
 
+}  // namespace forkpool::detail
+
+namespace forkpool {
+
 bool ChannelClosed::is_peer_gone(int error) noexcept {
   return error == ECONNRESET || error == EPIPE || error == ENOTCONN;
 }
@@ -77,6 +81,10 @@ bool ChannelClosed::is_peer_gone(int error) noexcept {
 void ChannelClosed::throw_peer_gone(int error) {
   throw ChannelClosed(std::string("forkpool: the peer is gone (") + strerrorname_np(error) + ")");
 }
+
+}  // namespace forkpool
+
+namespace forkpool::detail {
 
 Message FrameReceiver::finish(long result) {
   if (result < 0) {

@@ -32,8 +32,8 @@
 
 namespace forkpool {
 
-// What recv() throws at the end (Python's EOFError), an Error: `catch (const forkpool::ChannelClosed&)`.
-using ChannelClosed = detail::ChannelClosed;
+// What recv() throws at the end (Python's EOFError), an Error: `catch (const forkpool::ChannelClosed&)`
+// (ipc/internal/frame.hpp).
 
 namespace detail {
 

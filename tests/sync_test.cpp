@@ -430,6 +430,14 @@ TEST_P(SyncTest, APartyThatDiesWhileOthersWaitBreaksTheBarrier) {
   ASSERT_TRUE(doomed.join(10s));
   EXPECT_EQ(report.get(10s), std::optional<int>(-1));
   EXPECT_TRUE(survivor.join(10s));
+  // Issue 58.11: a later wait says a party died, and which process, not "aborted, or...".
+  try {
+    barrier.wait(10s);
+    ADD_FAILURE() << "a broken barrier let a party through";
+  } catch (const BrokenBarrierError& e) {
+    EXPECT_NE(std::string(e.what()).find("process " + std::to_string(doomed.pid()) + ") died"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(QueueSizeTest, QsizeEmptyAndFullFollowPutsAndGets) {
@@ -645,6 +653,21 @@ TEST_P(SyncTest, ATensorCrossesAPipeAsSharedMemory) {
   ASSERT_EQ(got.numel(), 256);
   EXPECT_EQ(got.data<float>()[255], 255.0f);
   EXPECT_TRUE(p.join(10s));
+}
+
+int recv_at_the_end(Connection<int> end) { return end.recv(); }
+
+// Issue 58.11: an exception crossing from a worker printed as forkpool::detail::ChannelClosed.
+TEST(PipeTest, AChannelClosedInAWorkerArrivesUnderItsPublicName) {
+  auto [here, there] = Pipe<int>();
+  { Connection<int> closed = std::move(here); }  // every copy of this end is gone
+  Pool pool({.processes = 1});
+  try {
+    pool.apply_async(recv_at_the_end, there).get(20s);
+    ADD_FAILURE() << "recv() at the end returned";
+  } catch (const RemoteError& e) {
+    EXPECT_EQ(e.type_name(), "forkpool::ChannelClosed") << e.what();
+  }
 }
 
 TEST(PipeTest, WaitReadyReturnsTheConnectionsAndSentinelsThatAreReady) {

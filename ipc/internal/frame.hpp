@@ -17,9 +17,11 @@
 #include <forkpool/ipc/internal/spare_buffers.hpp>
 #include <forkpool/runtime/unique_fd.hpp>
 
-namespace forkpool::detail {
+namespace forkpool {
 
 // The peer of a channel is gone (EOF, ECONNRESET, EPIPE): distinct from a malformed message.
+// Public as forkpool::ChannelClosed (what a Connection's recv() throws at the end, Python's
+// EOFError), so that it prints under that name when it crosses from a worker.
 class ChannelClosed : public Error {
  public:
   using Error::Error;
@@ -27,6 +29,12 @@ class ChannelClosed : public Error {
   static bool is_peer_gone(int error) noexcept;
   [[noreturn]] static void throw_peer_gone(int error);
 };
+
+}  // namespace forkpool
+
+namespace forkpool::detail {
+
+using forkpool::ChannelClosed;
 
 // Most descriptors one message may carry (the kernel's SCM_MAX_FD is 253).
 inline constexpr std::size_t kMaxMessageFds = 250;
