@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include <forkpool/ipc/channel_closed.hpp>
 #include <forkpool/ipc/codec.hpp>
 #include <forkpool/ipc/internal/channel.hpp>
 #include <forkpool/runtime/internal/shared_handle.hpp>
@@ -33,7 +34,7 @@
 namespace forkpool {
 
 // What recv() throws at the end (Python's EOFError), an Error: `catch (const forkpool::ChannelClosed&)`
-// (ipc/internal/frame.hpp).
+// (ipc/channel_closed.hpp).
 
 namespace detail {
 

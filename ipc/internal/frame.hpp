@@ -12,25 +12,11 @@
 #include <span>
 #include <vector>
 
+#include <forkpool/ipc/channel_closed.hpp>
 #include <forkpool/ipc/codec.hpp>
 #include <forkpool/ipc/internal/mapping.hpp>
 #include <forkpool/ipc/internal/spare_buffers.hpp>
 #include <forkpool/runtime/unique_fd.hpp>
-
-namespace forkpool {
-
-// The peer of a channel is gone (EOF, ECONNRESET, EPIPE): distinct from a malformed message.
-// Public as forkpool::ChannelClosed (what a Connection's recv() throws at the end, Python's
-// EOFError), so that it prints under that name when it crosses from a worker.
-class ChannelClosed : public Error {
- public:
-  using Error::Error;
-  // True for the errno values that mean the peer is gone.
-  static bool is_peer_gone(int error) noexcept;
-  [[noreturn]] static void throw_peer_gone(int error);
-};
-
-}  // namespace forkpool
 
 namespace forkpool::detail {
 
