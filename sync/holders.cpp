@@ -31,7 +31,7 @@ std::uint64_t HolderTable::pack(Slot slot) noexcept {
   return packed;
 }
 
-HolderTable::Change HolderTable::change(pid_t pid, std::int32_t delta) noexcept {
+Journal::Write HolderTable::change(pid_t pid, std::int32_t delta) noexcept {
   Slot* free_slot = nullptr;
   for (Slot& slot : slots) {
     if (slot.pid == pid) {
@@ -41,7 +41,7 @@ HolderTable::Change HolderTable::change(pid_t pid, std::int32_t delta) noexcept 
     if (slot.pid == 0 && !free_slot) free_slot = &slot;
   }
   if (delta > 0 && free_slot) return {word(*free_slot), pack({pid, delta})};
-  return {};
+  return Journal::Write::nothing();
 }
 
 HolderTable::Slot* HolderTable::ended() noexcept {

@@ -76,12 +76,6 @@ struct QueueState {
 };
 // Items put to a JoinableQueue and not yet done.
 std::uint32_t unfinished_of(const QueueState& state) { return state.joinable_put.load() - state.done.load(); }
-// The words a journal sets, as it sets them.
-template <class T>
-auto* word_of(std::atomic<T>& atomic) {
-  static_assert(sizeof(std::atomic<T>) == sizeof(T));
-  return reinterpret_cast<T*>(&atomic);
-}
 static_assert(sizeof(QueueState) <= SharedPage::kSize);
 QueueState& state_of(SharedPage& page) { return *page.as<QueueState>(); }
 }  // namespace
@@ -228,11 +222,7 @@ void QueueCore::task_done() {
   std::uint32_t done = state.done.load();
   if (unfinished_of(state) == 0)
     throw std::logic_error("forkpool: JoinableQueue::task_done() called more times than items were put");
-  HolderTable::Change held = state.unfinished_by.change(getpid(), -1);
-  if (held.slot)
-    state.journal.commit(&state, {{word_of(state.done), done + 1}, {held.slot, held.packed}});
-  else
-    state.journal.commit(&state, {{word_of(state.done), done + 1}});
+  state.journal.commit(&state, {{&state.done, done + 1}, state.unfinished_by.change(getpid(), -1)});
   if (unfinished_of(state) == 0) futex_wake_all(&state.done);
 }
 
@@ -243,7 +233,7 @@ void QueueCore::settle_ended_consumers() {
   bool woke = false;
   while (HolderTable::Slot* slot = state.unfinished_by.ended()) {
     std::uint32_t abandoned = std::min(static_cast<std::uint32_t>(std::max(slot->count, 0)), unfinished_of(state));
-    state.journal.commit(&state, {{word_of(state.done), state.done.load() + abandoned}, {HolderTable::word(*slot), 0}});
+    state.journal.commit(&state, {{&state.done, state.done.load() + abandoned}, {HolderTable::word(*slot), 0}});
     woke = woke || (abandoned > 0 && unfinished_of(state) == 0);
   }
   if (woke) futex_wake_all(&state.done);
@@ -310,12 +300,8 @@ std::optional<Message> QueueCore::receive_taken() {
   // settle_abandoned_take() finishes; after it, the item is ours until task_done() or our end.
   auto taken = static_cast<std::uint32_t>(Stage::taken);
   auto got = static_cast<std::uint64_t>(state.items_got.load() + 1);
-  HolderTable::Change held = state.joinable ? state.unfinished_by.change(getpid(), 1) : HolderTable::Change{};
-  if (held.slot)
-    state.journal.commit(&state,
-                         {{word_of(state.stage), taken}, {word_of(state.items_got), got}, {held.slot, held.packed}});
-  else
-    state.journal.commit(&state, {{word_of(state.stage), taken}, {word_of(state.items_got), got}});
+  Journal::Write held = state.joinable ? state.unfinished_by.change(getpid(), 1) : Journal::Write::nothing();
+  state.journal.commit(&state, {{&state.stage, taken}, {&state.items_got, got}, held});
   return item;
 }
 
@@ -338,9 +324,8 @@ void QueueCore::settle_abandoned_take() {
     // and done (nobody can call task_done() for it).
     auto got = static_cast<std::uint64_t>(state.items_got.load() + 1);
     bool done = state.joinable && unfinished_of(state) > 0;
-    state.journal.commit(&state, {{word_of(state.stage), idle},
-                                  {word_of(state.items_got), got},
-                                  {word_of(state.done), state.done.load() + (done ? 1 : 0)}});
+    state.journal.commit(
+        &state, {{&state.stage, idle}, {&state.items_got, got}, {&state.done, state.done.load() + (done ? 1 : 0)}});
     if (done && unfinished_of(state) == 0) futex_wake_all(&state.done);
     return;
   }

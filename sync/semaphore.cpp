@@ -44,12 +44,8 @@ class Guard : public detail::RobustGuard {
 
 // Sets value to `value` and adds `delta` to what this process holds, in one commit.
 void change_units(SemaphoreState& state, std::int32_t value, std::int32_t delta) {
-  detail::HolderTable::Change held = state.holders.change(getpid(), delta);
-  auto* word = reinterpret_cast<std::int32_t*>(&state.value);
-  if (held.slot)
-    state.journal.commit(&state, {{word, static_cast<std::uint32_t>(value)}, {held.slot, held.packed}});
-  else
-    state.journal.commit(&state, {{word, static_cast<std::uint32_t>(value)}});
+  state.journal.commit(&state,
+                       {{&state.value, static_cast<std::uint32_t>(value)}, state.holders.change(getpid(), delta)});
 }
 
 bool take_unit(SemaphoreState& state) {
@@ -69,9 +65,8 @@ void give_back_ended(SemaphoreState& state) {
       std::int32_t value = state.value.load();
       std::int32_t room = std::max(0, state.initial - value);
       std::int32_t returned = std::min(slot->count, room);
-      state.journal.commit(
-          &state, {{reinterpret_cast<std::int32_t*>(&state.value), static_cast<std::uint32_t>(value + returned)},
-                   {detail::HolderTable::word(*slot), 0}});
+      state.journal.commit(&state, {{&state.value, static_cast<std::uint32_t>(value + returned)},
+                                    {detail::HolderTable::word(*slot), 0}});
       back += returned;
     }
   }

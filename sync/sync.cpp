@@ -284,8 +284,6 @@ struct BarrierState {
 static_assert(sizeof(BarrierState) <= detail::SharedPage::kSize);
 static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
 
-auto* generation_word(BarrierState& state) { return reinterpret_cast<std::uint32_t*>(&state.generation); }
-
 // Holds the barrier's mutex; completes the change of a party that died inside it.
 class BarrierGuard : public detail::RobustGuard {
  public:
@@ -304,9 +302,9 @@ void next_round(BarrierState& state, bool broken, pid_t died = 0) {
                                   {&state.broken_round, generation + 1},
                                   {&state.died, static_cast<std::uint32_t>(died)},
                                   {&state.arrived, 0},
-                                  {generation_word(state), generation + 1}});
+                                  {&state.generation, generation + 1}});
   } else {
-    state.journal.commit(&state, {{&state.arrived, 0}, {generation_word(state), generation + 1}});
+    state.journal.commit(&state, {{&state.arrived, 0}, {&state.generation, generation + 1}});
   }
   state.waiting.clear();
   detail::futex_wake_all(&state.generation);
@@ -351,12 +349,8 @@ Barrier::Arrival Barrier::arrive() {
     next_round(state, /*broken=*/false);
     arrival.last = true;
   } else {
-    detail::HolderTable::Change party = state.waiting.change(getpid(), 1);
     auto arrived = static_cast<std::uint32_t>(state.arrived + 1);
-    if (party.slot)
-      state.journal.commit(&state, {{&state.arrived, arrived}, {party.slot, party.packed}});
-    else
-      state.journal.commit(&state, {{&state.arrived, arrived}});
+    state.journal.commit(&state, {{&state.arrived, arrived}, state.waiting.change(getpid(), 1)});
   }
   return arrival;
 }

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include <forkpool/sync/private/journal.hpp>
+
 namespace forkpool::detail {
 
 // How often a waiter looks for holders that ended (a wait no living process will end).
@@ -25,14 +27,10 @@ struct HolderTable {
   };
   Slot slots[kSlots];
 
-  // What adding `delta` to `pid`'s count sets, as one word for a Journal: null `slot` when it
-  // sets nothing (a count never goes below 0: releasing what another process acquired is allowed
-  // and counts for nobody).
-  struct Change {
-    std::uint64_t* slot = nullptr;
-    std::uint64_t packed = 0;
-  };
-  Change change(pid_t pid, std::int32_t delta) noexcept;
+  // What adding `delta` to `pid`'s count sets, as one word of a Journal's commit: a null write
+  // when it sets nothing (a count never goes below 0: releasing what another process acquired is
+  // allowed and counts for nobody; a full table tracks no more holders).
+  Journal::Write change(pid_t pid, std::int32_t delta) noexcept;
   // The first slot of a holder that ended, or null.
   Slot* ended() noexcept;
   static std::uint64_t* word(Slot& slot) noexcept { return reinterpret_cast<std::uint64_t*>(&slot); }

@@ -24,11 +24,17 @@ class Journal {
  public:
   static constexpr std::size_t kMaxWrites = 6;
 
-  // One word to set: its address (in the same page as the journal) and its new value.
+  // One word to set: its address (in the same page as the journal) and its new value. A null
+  // address sets nothing (nothing(): HolderTable::change when the table has no slot for it).
   struct Write {
     template <class Word>
     requires(sizeof(Word) == 4 || sizeof(Word) == 8) Write(Word* word, std::uint64_t value)
         : address(word), size(sizeof(Word)), value(value) {}
+    // A word waiters read without the mutex (a futex word): it is stored atomically.
+    template <class Word>
+    requires(sizeof(std::atomic<Word>) == sizeof(Word)) Write(std::atomic<Word>* word, std::uint64_t value)
+        : Write(reinterpret_cast<Word*>(word), value) {}
+    static Write nothing() noexcept { return {static_cast<std::uint64_t*>(nullptr), 0}; }
     void* address;
     std::uint32_t size;
     std::uint64_t value;
@@ -40,6 +46,7 @@ class Journal {
   void commit(void* page, std::initializer_list<Write> writes) noexcept {
     std::size_t n = 0;
     for (const Write& write : writes) {
+      if (!write.address) continue;
       if (n == kMaxWrites) __builtin_trap();  // a caller's bug, never input
       // Offsets in the page: another process maps it at another address.
       entries_[n++] = {
