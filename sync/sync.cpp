@@ -191,10 +191,14 @@ void Condition::wait(std::unique_lock<Lock>& held) { wait_for(held, detail::kFor
 
 // A wait must hold the condition's own lock: under another, a notify between the caller's look
 // at its predicate and the wait would be missed, and the wait could last for ever.
-void Condition::check_held(const std::unique_lock<Lock>& held, const char* who) const {
-  if (!held.owns_lock()) throw std::logic_error(std::string("forkpool: ") + who + " without its lock held");
-  if (!held.mutex()->is(lock_))
+void Condition::check_held(const Lock* held, const char* who) const {
+  if (!held) throw std::logic_error(std::string("forkpool: ") + who + " without its lock held");
+  if (!held->is(lock_))
     throw std::logic_error(std::string("forkpool: ") + who + " holding another lock than the condition's (get_lock())");
+}
+
+void Condition::check_held(const std::unique_lock<Lock>& held, const char* who) const {
+  check_held(held.owns_lock() ? held.mutex() : nullptr, who);
 }
 
 Condition::Condition(RLock lock) : Condition(std::move(lock.lock_)) {}
@@ -202,9 +206,7 @@ Condition::Condition(RLock lock) : Condition(std::move(lock.lock_)) {}
 void Condition::wait(std::unique_lock<RLock>& held) { wait_for(held, detail::kForever); }
 
 void Condition::check_held(const std::unique_lock<RLock>& held, const char* who) const {
-  if (!held.owns_lock()) throw std::logic_error(std::string("forkpool: ") + who + " without its lock held");
-  if (!held.mutex()->lock_.is(lock_))
-    throw std::logic_error(std::string("forkpool: ") + who + " holding another lock than the condition's (get_lock())");
+  check_held(held.owns_lock() ? &held.mutex()->lock_ : nullptr, who);
 }
 
 bool Condition::wait_for(std::unique_lock<Lock>& held, std::chrono::nanoseconds timeout) {

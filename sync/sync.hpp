@@ -153,6 +153,8 @@ class Condition {
  private:
   friend struct codec<Condition>;
   Condition(Lock lock, std::shared_ptr<detail::SharedPage> page) : lock_(std::move(lock)), page_(std::move(page)) {}
+  // Throws std::logic_error unless `held` (null: not held) is lock_.
+  void check_held(const Lock* held, const char* who) const;
   void check_held(const std::unique_lock<Lock>& held, const char* who) const;
   void check_held(const std::unique_lock<RLock>& held, const char* who) const;
   // Lets go of lock_, taken `depth` times, until a notify or `timeout`; then takes it as often.
