@@ -181,10 +181,13 @@ class PoolCoreImpl final : public PoolCore,
   bool jobs_may_move() const noexcept { return !jobs_die_with_worker_ && options_.maxtasksperchild == 0; }
   std::size_t window_of(const PoolWorker& worker) const noexcept;
   bool may_take(const PoolWorker& worker) const noexcept;
-  // Whether the job `worker` runs has run kStuckJob or longer by `now` (also when what it held
-  // behind that job was taken back: it has not read its ring since).
-  static bool runs_stuck_job(PoolWorker& worker, Clock::time_point now) noexcept {
-    return now - worker.schedule.running_since >= kStuckJob && worker.has_unsettled_work();
+  // Whether the job `worker` runs has run kStuckJob or longer (also when what it held behind
+  // that job was taken back: it has not read its ring since). `now` is schedule_time(), read
+  // when first needed: a round trip, where no worker holds work, reads no clock.
+  bool runs_stuck_job(PoolWorker& worker, std::optional<Clock::time_point>& now) {
+    if (!worker.has_unsettled_work()) return false;
+    if (!now) now = schedule_time();
+    return *now - worker.schedule.running_since >= kStuckJob;
   }
   // take_back_for_idle() runs again at `when` (a running job turns stuck then), unless sooner.
   void look_again_at(Clock::time_point when);
@@ -409,8 +412,8 @@ std::size_t PoolCoreImpl::window_of(const PoolWorker& worker) const noexcept {
 
 PoolWorker* PoolCoreImpl::pick_worker(const Job& job) {
   PoolWorker* best = nullptr;
-  bool best_stuck = false;
-  Clock::time_point now{};  // read once, and only when two workers are compared
+  std::optional<bool> best_stuck;  // worked out once two workers are compared
+  std::optional<Clock::time_point> now;
   for (auto& w : workers_) {
     if (!may_take(*w)) continue;
     // A pinned job's stream bounds what it sends (its prefetch), not the worker's window.
@@ -423,13 +426,10 @@ PoolWorker* PoolCoreImpl::pick_worker(const Job& job) {
       best = w.get();
       continue;
     }
-    if (now == Clock::time_point{}) {
-      now = schedule_time();
-      best_stuck = runs_stuck_job(*best, now);
-    }
+    if (!best_stuck) best_stuck = runs_stuck_job(*best, now);
     // Least busy, but a worker stuck in a job last: what it is sent waits behind that job.
     bool stuck = runs_stuck_job(*w, now);
-    if (stuck < best_stuck || (stuck == best_stuck && w->in_flight().size() < best->in_flight().size())) {
+    if (stuck < *best_stuck || (stuck == *best_stuck && w->in_flight().size() < best->in_flight().size())) {
       best = w.get();
       best_stuck = stuck;
     }
@@ -511,7 +511,7 @@ bool PoolCoreImpl::take_back_for_idle() {
   if (!jobs_may_move() || workers_.size() < 2) return false;
   PoolWorker* idle = nullptr;
   PoolWorker* busiest = nullptr;
-  Clock::time_point now = schedule_time();
+  std::optional<Clock::time_point> now;          // read when first needed (runs_stuck_job)
   std::optional<Clock::time_point> turns_stuck;  // of the first job behind which others wait
   for (auto& w : workers_) {
     std::size_t held = w->in_flight().size();
