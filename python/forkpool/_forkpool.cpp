@@ -271,34 +271,36 @@ class CoreQueue {
   fp::Queue<Message> queue_;
 };
 
+// Raises C++'s `Error` in Python as forkpool.`name` (a new exception class of the module). The
+// class is never destroyed: at exit the interpreter may be gone before static destructors run
+// (pybind11's register_exception keeps a static one, which crashed there).
+template <class Error>
+void register_error(py::module_& m, const char* name) {
+  static auto& type = *new py::exception<Error>(m, name);
+  py::register_exception_translator([](std::exception_ptr error) {
+    try {
+      if (error) std::rethrow_exception(error);
+    } catch (const Error& e) {
+      type(e.what());
+    }
+  });
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_forkpool, m) {
   m.doc() = "forkpool's C++ pool, for forkpool.Pool";
   fp::detail::set_fork_hooks({.prepare = before_fork, .parent = after_fork_in_parent, .child = after_fork_in_child});
 
-  static auto& worker_lost =
-      *new py::exception<fp::WorkerLost>(m, "WorkerLost");  // never destroyed: the interpreter may be gone
-  static auto& terminated = *new py::exception<fp::PoolTerminated>(m, "PoolTerminated");
-  static auto& cancelled = *new py::exception<fp::Cancelled>(m, "Cancelled");
-  static auto& initializer_error = *new py::exception<fp::InitializerError>(m, "InitializerError");
-  static auto& protocol_error = *new py::exception<fp::ProtocolError>(m, "ProtocolError");
-  static auto& pool_closed = *new py::exception<fp::PoolClosed>(m, "PoolClosed");
+  register_error<fp::WorkerLost>(m, "WorkerLost");
+  register_error<fp::PoolTerminated>(m, "PoolTerminated");
+  register_error<fp::Cancelled>(m, "Cancelled");
+  register_error<fp::InitializerError>(m, "InitializerError");
+  register_error<fp::ProtocolError>(m, "ProtocolError");
+  register_error<fp::PoolClosed>(m, "PoolClosed");
   py::register_exception_translator([](std::exception_ptr error) {
     try {
       if (error) std::rethrow_exception(error);
-    } catch (const fp::WorkerLost& e) {
-      worker_lost(e.what());
-    } catch (const fp::PoolTerminated& e) {
-      terminated(e.what());
-    } catch (const fp::Cancelled& e) {
-      cancelled(e.what());
-    } catch (const fp::InitializerError& e) {
-      initializer_error(e.what());
-    } catch (const fp::ProtocolError& e) {
-      protocol_error(e.what());
-    } catch (const fp::PoolClosed& e) {
-      pool_closed(e.what());
     } catch (const fp::TimeoutError& e) {  // task_timeout: the task ran too long
       PyErr_SetString(py::module_::import("multiprocessing").attr("TimeoutError").ptr(), e.what());
     }
