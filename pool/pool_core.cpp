@@ -185,7 +185,7 @@ class PoolCoreImpl final : public PoolCore,
   // that job was taken back: it has not read its ring since). `now` is schedule_time(), read
   // when first needed: a round trip, where no worker holds work, reads no clock.
   bool runs_stuck_job(PoolWorker& worker, std::optional<Clock::time_point>& now) {
-    if (!worker.has_unsettled_work()) return false;
+    if (!worker.schedule.has_served || !worker.has_unsettled_work()) return false;
     if (!now) now = schedule_time();
     return *now - worker.schedule.running_since >= kStuckJob;
   }
@@ -596,6 +596,7 @@ void PoolCoreImpl::job_finished(PoolWorker& worker, bool served) {
   if (served) {
     initializer_failures_ = 0;  // a worker that serves proves the initializer can succeed
     WorkerSchedule& schedule = worker.schedule;
+    schedule.has_served = true;
     Clock::time_point now = schedule_time();
     if (now != schedule.drain_time) {  // the first result of a new drain: the last one is over
       close_drain(schedule);

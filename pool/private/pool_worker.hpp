@@ -118,10 +118,13 @@ struct WorkerSchedule {
   int assigned = 0;                 // jobs given to it (maxtasksperchild)
   bool retiring = false;            // takes no more jobs (maxtasksperchild reached)
   Clock::time_point running_since;  // when its oldest job in flight started (no earlier than that)
-  std::uint64_t stopped_job = 0;    // killed by us to stop this job (cancel, task_timeout)
-  std::exception_ptr stop_reason;   // why, when the job is still wanted (TimeoutError)
-  std::size_t window = 0;           // jobs it may hold at once (the core sets it when it starts)
-  Clock::time_point window_mark;    // since when finished jobs are counted to judge their length
+  // Whether it has answered a job: until then it may still be starting (forked, its initializer
+  // running), and what it holds is never judged stuck.
+  bool has_served = false;
+  std::uint64_t stopped_job = 0;   // killed by us to stop this job (cancel, task_timeout)
+  std::exception_ptr stop_reason;  // why, when the job is still wanted (TimeoutError)
+  std::size_t window = 0;          // jobs it may hold at once (the core sets it when it starts)
+  Clock::time_point window_mark;   // since when finished jobs are counted to judge their length
   std::size_t finished_since_mark = 0;
   // Whether its jobs are long as judged by whole drains of replies (results read at one time,
   // schedule_time()), for the deep window; not yet measured: long. The window's judgement, one
