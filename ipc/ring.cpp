@@ -31,6 +31,8 @@ std::uint64_t RingProducer::read_tail() {
   return tail;
 }
 
+void RingProducer::check_consumer() { read_tail(); }
+
 bool RingProducer::has_room(std::size_t payload_size) {
   std::uint64_t need = padded(sizeof(RingEntry) + payload_size);
   std::uint64_t at = head_ % view_.capacity;

@@ -185,7 +185,11 @@ class PoolCoreImpl final : public PoolCore,
   // that job was taken back: it has not read its ring since). `now` is schedule_time(), read
   // when first needed: a round trip, where no worker holds work, reads no clock.
   bool runs_stuck_job(PoolWorker& worker, std::optional<Clock::time_point>& now) {
-    if (!worker.schedule.has_served || !worker.has_unsettled_work()) return false;
+    return worker.schedule.has_served && runs_long(worker, now);
+  }
+  // The same for any worker, also one that has not answered yet (that may be still starting).
+  bool runs_long(PoolWorker& worker, std::optional<Clock::time_point>& now) {
+    if (!worker.has_unsettled_work()) return false;
     if (!now) now = schedule_time();
     return *now - worker.schedule.running_since >= kStuckJob;
   }
@@ -519,10 +523,14 @@ bool PoolCoreImpl::take_back_for_idle() {
     if (may_take(*w) && held < kJobsPerWorker && w->has_claim_words_left() &&
         (!idle || held < idle->in_flight().size()))
       idle = w.get();
+    // A job may run long because its task broke the ring: then its worker is rejected (and
+    // killed) now, not when the ring fills, and what it holds goes elsewhere once it is gone.
+    if (runs_long(*w, now)) w->check_ring();
+    bool stuck = runs_stuck_job(*w, now);
     // Short jobs (a window grown past two) drain fast where they are: moving them would cost more
     // than it saves, unless a worker holds more than its window (a deep send from plain code),
     // or the job it runs turned out long (stuck: running kStuckJob or more).
-    bool worth_moving = jobs_are_long(w->schedule) || held > w->schedule.window || runs_stuck_job(*w, now);
+    bool worth_moving = jobs_are_long(w->schedule) || held > w->schedule.window || stuck;
     if (!worth_moving && held >= kJobsPerWorker) {
       Clock::time_point when = w->schedule.running_since + kStuckJob;
       turns_stuck = turns_stuck ? std::min(*turns_stuck, when) : when;
@@ -624,7 +632,7 @@ struct PoolCoreImpl::Death {
   const PoolWorker& worker;
   std::uint64_t last_taken;  // by the worker's word (RunningSlot): the jobs after it never started
   // A worker takes its jobs in order: one that answered a later job than it claims to have
-  // taken up lied (a task wrote the slot), and none of its jobs goes again for free.
+  // taken up lied (a task wrote the slot), and the job it ran does not go again for free.
   bool slot_forged;
   std::uint64_t oldest_in_flight;  // the one it ran, if it ran any (kMaxFreeRequeues)
 };
@@ -648,8 +656,12 @@ PoolCoreImpl::Verdict PoolCoreImpl::fate_of(const Death& death, std::uint64_t id
     return {Fate::fail, schedule.stop_reason};  // task_timeout: not retried
   if (job.sink->abandoned()) return {Fate::drop, nullptr};
   if (job.pinned_worker >= 0) return {Fate::fail, lost()};  // what it needs died with the worker
-  bool never_started = id > death.last_taken && !death.slot_forged;
+  // A worker takes its jobs in order, one at a time, and every reply it sent was read: only its
+  // oldest in flight may have started, whatever its slot says (a task may have zeroed it). Not so
+  // for a rejected one, whose replies after the breach are unread: its slot is the only word.
   bool may_be_forged_for = id == death.oldest_in_flight;
+  bool behind_the_oldest = !may_be_forged_for && !worker.failure();
+  bool never_started = behind_the_oldest || (id > death.last_taken && !death.slot_forged);
   if (never_started && (!may_be_forged_for || job.free_requeues < kMaxFreeRequeues)) {
     if (may_be_forged_for) ++job.free_requeues;
     return {Fate::requeue, nullptr};

@@ -158,6 +158,15 @@ bool PoolWorker::has_unsettled_work() noexcept {
   return !withdrawn_.empty();
 }
 
+void PoolWorker::check_ring() noexcept {
+  if (failure_ || exited()) return;
+  try {
+    link_->check_worker_position();
+  } catch (...) {
+    reject(std::current_exception());
+  }
+}
+
 PoolWorker::InFlight::iterator PoolWorker::find_in_flight(std::uint64_t id) {
   return std::find_if(in_flight_.begin(), in_flight_.end(), [id](const auto& entry) { return entry.first == id; });
 }

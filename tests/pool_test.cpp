@@ -172,6 +172,19 @@ int zero_the_running_slot_and_die(int) {
   return 0;
 }
 
+// A hostile task: moves its worker's position in the ring the parent writes to past anything
+// written (as if it had read more than was sent), then sleeps with its jobs queued behind it.
+int break_the_ring_position_and_sleep(int) {
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);) {
+    if (line.find("forkpool-link") == std::string::npos) continue;
+    auto* region = reinterpret_cast<std::byte*>(std::stoull(line, nullptr, 16));
+    detail::ring_in_region(region, detail::kLinkRingCapacity, detail::kToWorker).control->tail.store(1ull << 60);
+  }
+  std::this_thread::sleep_for(std::chrono::seconds(60));
+  return 0;
+}
+
 // How many processes this one has as children, not counting the /dev/shm name tracker (one per
 // process tree, for the life of the process).
 int child_count() {
@@ -1287,6 +1300,30 @@ TEST_P(PoolTest, ATaskThatForgesNotHavingStartedIsNotRunAgainForEver) {
   EXPECT_THROW(fresh.apply_async(zero_the_running_slot_and_die, 0).get(60s), WorkerLost);
   EXPECT_LE(slot_forger_runs().load(), 17);
   EXPECT_EQ(fresh.apply_async(square, 3).get(10s), 9);
+}
+
+// A worker's own position is its word, but only the job it ran may pay for a lie: the jobs
+// queued behind that one never started, whatever the slot says (issue 58.9).
+TEST_P(PoolTest, ATaskThatForgesItsSlotAndDiesTakesNoQueuedJobWithIt) {
+  Pool pool(options(1));
+  EXPECT_EQ(pool.apply_async(square, 2).get(10s), 4);  // the worker answered: the lie shows
+  auto forger = pool.apply_async(zero_the_running_slot_and_die, 0);
+  std::vector<AsyncResult<int>> behind;
+  for (int i = 0; i < 3; ++i) behind.push_back(pool.apply_async(square, i));
+  EXPECT_THROW(forger.get(30s), WorkerLost);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(behind[i].get(30s), i * i);
+}
+
+// A task that breaks its worker's ring position is caught when its job turns stuck, not when the
+// ring next fills: the worker is rejected, and the jobs queued behind it run elsewhere.
+TEST_P(PoolTest, AWorkerThatBreaksItsRingPositionIsRejectedWhileItsJobRuns) {
+  Pool pool(options(2));
+  auto hostile = pool.apply_async(break_the_ring_position_and_sleep, 0);
+  std::this_thread::sleep_for(100ms);  // its job has run past kStuckJob when the next are sent
+  std::vector<AsyncResult<int>> others;
+  for (int i = 0; i < 8; ++i) others.push_back(pool.apply_async(square, i));
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(others[i].get(30s), i * i);
+  EXPECT_THROW(hostile.get(20s), ProtocolError);
 }
 
 // A spawn mark left in the environment (exported by a shell, inherited from a worker) is not

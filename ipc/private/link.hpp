@@ -111,6 +111,9 @@ class ParentLink final : public Spinner {
                     Publish publish = Publish::now);
   // Publishes what try_send_now(Publish::at_flush) wrote, waking the worker if it sleeps.
   void flush() noexcept;
+  // Checks the worker's position in the ring we write, read otherwise only when room is short:
+  // a ProtocolError when the worker broke it (a task wrote there).
+  void check_worker_position() { outbound_.check_consumer(); }
 
   // The next message the worker sent, or nothing when none has arrived (the room of the messages
   // read before is then given back: one publication per batch). Throws ProtocolError

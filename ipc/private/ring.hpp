@@ -83,6 +83,9 @@ class RingProducer {
   bool publish() noexcept;
   // Whether an entry of `payload_size` bytes would fit now.
   bool has_room(std::size_t payload_size);
+  // Reads the consumer's position now (has_room reads it only when room is short) and checks it,
+  // as every read does: a ProtocolError when it moved back or past what was written.
+  void check_consumer();
   RingControl& control() const noexcept { return *view_.control; }
 
  private:

@@ -175,6 +175,9 @@ class PoolWorker : public std::enable_shared_from_this<PoolWorker> {
   // Whether it has jobs in flight, or withdrawn ones it has not passed yet (it has not read the
   // ring since: busy in a job, or stopped).
   bool has_unsettled_work() noexcept;
+  // Checks the worker's position in the ring to it, which is otherwise read only when the ring
+  // fills (issue 58.9): a worker that broke it is rejected, and what it holds goes elsewhere.
+  void check_ring() noexcept;
   // Publishes what send() left in the ring, waking the worker if it sleeps.
   void flush() noexcept;
   // Tells the worker to exit once it has read what it was sent.
