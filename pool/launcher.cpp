@@ -11,6 +11,8 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <stdexcept>
+#include <string>
 #include <system_error>
 #include <tuple>
 
@@ -417,6 +419,16 @@ std::unique_ptr<Launcher> make_fork_launcher(WorkerSpec spec) {
 }
 std::unique_ptr<Launcher> make_fork_server_launcher(WorkerSpec spec) {
   return std::make_unique<ForkServerLauncher>(std::move(spec));
+}
+
+std::unique_ptr<Launcher> make_launcher(const PoolOptions& options, const std::string& process_name) {
+  WorkerSpec spec{options.maxtasksperchild, options.initializer, process_name};
+  switch (options.start_method) {
+    case StartMethod::fork: return make_fork_launcher(std::move(spec));
+    case StartMethod::forkserver: return make_fork_server_launcher(std::move(spec));
+    case StartMethod::spawn: return make_spawn_launcher(std::move(spec));
+  }
+  throw std::invalid_argument("forkpool: unknown start method");
 }
 
 }  // namespace forkpool::detail

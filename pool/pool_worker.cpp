@@ -107,6 +107,7 @@ void PoolWorker::begin(std::shared_ptr<WorkerEvents> events, Launcher& launcher,
 
 void PoolWorker::send(std::uint64_t id, std::shared_ptr<Job> job) {
   in_flight_.emplace_back(id, job);
+  ++jobs_sent_;
   link_->set_expecting(true);
   if (!sending_ && send_at_once(*job, id)) return;
   outbox_.emplace_back(id, std::move(job));
@@ -180,6 +181,13 @@ void PoolWorker::close_write() {
 }
 
 void PoolWorker::kill() { send_signal(process_.pidfd.get(), SIGKILL); }
+
+void PoolWorker::stop_job(std::uint64_t id, std::exception_ptr reason) {
+  if (stopped_job_ || exited()) return;
+  stopped_job_ = id;
+  stop_reason_ = std::move(reason);
+  kill();
+}
 
 void PoolWorker::reject(std::exception_ptr error) {
   if (failure_) return;

@@ -113,28 +113,6 @@ class JobsInFlight {
   std::size_t head_ = 0;  // entries before it are answered
 };
 
-// What the scheduler (the pool core) notes about a worker; the conversation never reads it.
-struct WorkerSchedule {
-  int assigned = 0;                 // jobs given to it (maxtasksperchild)
-  bool retiring = false;            // takes no more jobs (maxtasksperchild reached)
-  Clock::time_point running_since;  // when its oldest job in flight started (no earlier than that)
-  // Whether it has answered a job: until then it may still be starting (forked, its initializer
-  // running), and what it holds is never judged stuck.
-  bool has_served = false;
-  std::uint64_t stopped_job = 0;   // killed by us to stop this job (cancel, task_timeout)
-  std::exception_ptr stop_reason;  // why, when the job is still wanted (TimeoutError)
-  std::size_t window = 0;          // jobs it may hold at once (the core sets it when it starts)
-  Clock::time_point window_mark;   // since when finished jobs are counted to judge their length
-  std::size_t finished_since_mark = 0;
-  // Whether its jobs are long as judged by whole drains of replies (results read at one time,
-  // schedule_time()), for the deep window; not yet measured: long. The window's judgement, one
-  // result at a time, sees all but the first of a drain as instant.
-  bool drained_long = true;
-  Clock::time_point drain_mark;  // the end of the last drain judged, or when it was last idle
-  Clock::time_point drain_time;  // of the drain being read
-  std::size_t finished_in_drain = 0;
-};
-
 class PoolWorker : public std::enable_shared_from_this<PoolWorker> {
  public:
   // What the parent makes for a worker before it starts: its socket, its running slot, its
@@ -199,6 +177,7 @@ class PoolWorker : public std::enable_shared_from_this<PoolWorker> {
   const ExitStatus& status() const noexcept { return status_; }
   using InFlight = JobsInFlight;
   InFlight& in_flight() noexcept { return in_flight_; }
+  const InFlight& in_flight() const noexcept { return in_flight_; }
   std::uint64_t last_replied() const noexcept { return last_replied_; }
   RunningSlot& slot() const noexcept { return *reinterpret_cast<RunningSlot*>(running_slot_.data()); }
   std::uint64_t spin_polls() const noexcept { return link_->worker_spin_polls(); }
@@ -206,7 +185,18 @@ class PoolWorker : public std::enable_shared_from_this<PoolWorker> {
     return process_.objects->contains(base) || objects_sent_.contains(base);
   }
 
-  WorkerSchedule schedule;
+  // Whether it may be sent jobs: alive, not told to exit, not rejected, not retired.
+  bool accepts_jobs() const noexcept { return !retired_ && !write_closed_ && !failure_ && !exited(); }
+  // It is sent no more jobs (maxtasksperchild reached: it exits by itself after the last).
+  void retire() noexcept { retired_ = true; }
+  // Jobs send() was given, withdrawn ones included.
+  int jobs_sent() const noexcept { return jobs_sent_; }
+  // Stops job `id`, which it runs, by killing it (cancel, task_timeout); `reason`, when the job
+  // is still wanted, is its error. Nothing when a job was stopped already or it has exited.
+  void stop_job(std::uint64_t id, std::exception_ptr reason);
+  // The job stop_job() stopped (0: none), and why.
+  std::uint64_t stopped_job() const noexcept { return stopped_job_; }
+  const std::exception_ptr& stop_reason() const noexcept { return stop_reason_; }
 
  private:
   void forget_passed_withdrawn() noexcept;
@@ -239,6 +229,10 @@ class PoolWorker : public std::enable_shared_from_this<PoolWorker> {
   std::deque<std::pair<std::uint64_t, std::shared_ptr<Job>>> outbox_;
   bool sending_ = false;
   bool write_closed_ = false;              // told to exit once idle
+  bool retired_ = false;                   // retire()
+  int jobs_sent_ = 0;
+  std::uint64_t stopped_job_ = 0;          // stop_job()
+  std::exception_ptr stop_reason_;
   std::exception_ptr failure_;             // it broke the protocol: why its running job fails
   std::exception_ptr initializer_error_;   // its initializer threw
   bool ready_ = false;                     // its initializer succeeded: no error can be the initializer's

@@ -1,0 +1,207 @@
+#include <forkpool/pool/private/scheduler.hpp>
+
+#include <time.h>
+
+#include <algorithm>
+#include <type_traits>
+
+#include <forkpool/pool/private/pool_worker.hpp>
+
+namespace forkpool::detail {
+
+// A worker is sent no more once its jobs hold half the claim words (PoolWorker::has_claim_words_left):
+// a full window alone never comes to that.
+static_assert(kDeepJobsPerWorker < RunningSlot::kClaims / 2 && kDeepLongJobsPerWorker < RunningSlot::kClaims / 2);
+
+// The coarse clock is the kernel's time at its last tick, without reading the clock source (3 ns,
+// where a steady_clock read costs 21 on these VMs); it counts the same monotonic time and lags by
+// under a tick, which is added.
+Clock::time_point no_earlier_than_now() noexcept {
+  static const std::chrono::nanoseconds tick = [] {
+    timespec resolution{};
+    clock_getres(CLOCK_MONOTONIC_COARSE, &resolution);
+    return std::chrono::seconds(resolution.tv_sec) + std::chrono::nanoseconds(resolution.tv_nsec);
+  }();
+  static_assert(std::is_same_v<Clock, std::chrono::steady_clock>);  // CLOCK_MONOTONIC, as the coarse one
+  timespec coarse{};
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &coarse);
+  return Clock::time_point(std::chrono::seconds(coarse.tv_sec) + std::chrono::nanoseconds(coarse.tv_nsec) + tick);
+}
+
+void Scheduler::worker_started(const PoolWorker& worker) {
+  auto id = static_cast<std::size_t>(worker.index());
+  if (id >= schedules_.size()) schedules_.resize(id + 1);
+  schedules_[id] = Schedule{};
+}
+
+Scheduler::Schedule& Scheduler::schedule(const PoolWorker& worker) {
+  return schedules_[static_cast<std::size_t>(worker.index())];
+}
+
+const Scheduler::Schedule& Scheduler::schedule(const PoolWorker& worker) const {
+  return schedules_[static_cast<std::size_t>(worker.index())];
+}
+
+Clock::time_point Scheduler::now() {
+  if (holds_ == 0) return Clock::now();
+  if (!held_time_) held_time_ = Clock::now();
+  return *held_time_;
+}
+
+Clock::time_point Scheduler::decision_time() {
+  if (holds_ > 0) return now();
+  if (!decision_time_) decision_time_ = Clock::now();
+  return *decision_time_;
+}
+
+bool Scheduler::release(Workers workers) noexcept {
+  if (--holds_ > 0) return false;
+  for (const auto& w : workers) close_drain(schedule(*w));  // the drain is over
+  held_time_.reset();
+  return true;
+}
+
+void Scheduler::close_drain(Schedule& schedule) noexcept {
+  if (schedule.finished_in_drain == 0) return;
+  schedule.drained_long = schedule.drain_time - schedule.drain_mark >= kShortJob * schedule.finished_in_drain;
+  schedule.drain_mark = schedule.drain_time;
+  schedule.finished_in_drain = 0;
+}
+
+std::size_t Scheduler::jobs_wanted(Workers workers, int processes) const noexcept {
+  std::size_t wanted = 0;
+  for (const auto& w : workers) wanted += schedule(*w).window;
+  return std::max(wanted, kJobsPerWorker * static_cast<std::size_t>(processes));
+}
+
+// Submitted from plain code, a worker is given as many jobs as it may hold, so that all of it
+// runs while the program computes, as Python's pool keeps working in its threads: the first
+// depth while its jobs are short, which finish in moments anyway and cost less in smaller batches
+// (a working set that stays in cache); the second while they are long (or not yet measured).
+// move_for_idle() evens out what that sent.
+std::size_t Scheduler::window_of(const PoolWorker& worker, bool driving) const noexcept {
+  const Schedule& s = schedule(worker);
+  if (jobs_may_move_ && !driving) return s.drained_long ? kDeepLongJobsPerWorker : kDeepJobsPerWorker;
+  return s.window;
+}
+
+bool Scheduler::may_take(const PoolWorker& worker) const noexcept { return worker.accepts_jobs(); }
+
+bool Scheduler::has_room_for_a_batch(Workers workers, bool driving) const noexcept {
+  return std::any_of(workers.begin(), workers.end(), [&](const auto& w) {
+    return may_take(*w) && w->in_flight().size() + kMaxJobsPerWorker <= window_of(*w, driving);
+  });
+}
+
+bool Scheduler::runs_long(PoolWorker& worker) {
+  if (!worker.has_unsettled_work()) return false;
+  return decision_time() - schedule(worker).running_since >= kStuckJob;
+}
+
+PoolWorker* Scheduler::pick(Workers workers, const Job& job, bool driving) {
+  decision_time_.reset();
+  PoolWorker* best = nullptr;
+  std::optional<bool> best_stuck;  // worked out once two workers are compared
+  for (const auto& w : workers) {
+    if (!may_take(*w)) continue;
+    // A pinned job's stream bounds what it sends (its prefetch), not the worker's window.
+    if (job.pinned_worker >= 0) {
+      if (w->index() == job.pinned_worker) return w.get();
+      continue;
+    }
+    if (w->in_flight().size() >= window_of(*w, driving) || !w->has_claim_words_left()) continue;
+    if (!best) {
+      best = w.get();
+      continue;
+    }
+    if (!best_stuck) best_stuck = runs_stuck_job(*best);
+    // Least busy, but a worker stuck in a job last: what it is sent waits behind that job.
+    bool stuck = runs_stuck_job(*w);
+    if (stuck < *best_stuck || (stuck == *best_stuck && w->in_flight().size() < best->in_flight().size())) {
+      best = w.get();
+      best_stuck = stuck;
+    }
+  }
+  return best;
+}
+
+void Scheduler::sent(const PoolWorker& worker) {
+  if (!worker.in_flight().empty()) return;
+  // It starts this one at once. (Its deadline needs the time now, where now() may be a drain's
+  // old one: no_earlier_than_now.)
+  Schedule& s = schedule(worker);
+  Clock::time_point time = now();
+  close_drain(s);        // what it finished before, on its own
+  s.window_mark = time;  // time idle says nothing of its jobs' length
+  s.drain_mark = time;
+  s.finished_since_mark = 0;
+  s.running_since = no_earlier_than_now();
+}
+
+void Scheduler::finished(const PoolWorker& worker, bool takes_up_next) {
+  Schedule& s = schedule(worker);
+  s.has_served = true;
+  Clock::time_point time = now();
+  if (time != s.drain_time) {  // the first result of a new drain: the last one is over
+    close_drain(s);
+    s.drain_time = time;
+  }
+  ++s.finished_in_drain;
+  if (holds_ == 0) close_drain(s);  // read on its own: a drain of one
+  // Jobs are judged on average since the mark, not one by one: results read in one drain of the
+  // ring all finish "now", and all but the first would look as if they took no time.
+  ++s.finished_since_mark;
+  bool long_jobs = time - s.window_mark >= kShortJob * s.finished_since_mark;
+  if (long_jobs || s.finished_since_mark >= s.window) {
+    s.window = long_jobs ? kJobsPerWorker : std::min(2 * s.window, kMaxJobsPerWorker);
+    s.window_mark = time;
+    s.finished_since_mark = 0;
+  }
+  if (takes_up_next) s.running_since = no_earlier_than_now();
+}
+
+// A worker left with one job or none, while another has two or more it has not taken up behind
+// the one it runs (a long job holding up short ones, or a deep send from plain code): half the
+// difference moves, as much as the idle one may take, newest first.
+Scheduler::Move Scheduler::move_for_idle(Workers workers, bool driving) {
+  Move move;
+  long_running_.clear();
+  decision_time_.reset();
+  if (!jobs_may_move_ || workers.size() < 2) return move;
+  PoolWorker* idle = nullptr;
+  PoolWorker* busiest = nullptr;
+  std::optional<Clock::time_point> turns_stuck;  // of the first job behind which others wait
+  for (const auto& w : workers) {
+    std::size_t held = w->in_flight().size();
+    // (One that may not be sent more, for want of claim words, would hand them back at once.)
+    if (may_take(*w) && held < kJobsPerWorker && w->has_claim_words_left() &&
+        (!idle || held < idle->in_flight().size()))
+      idle = w.get();
+    if (runs_long(*w)) long_running_.push_back(w.get());
+    const Schedule& s = schedule(*w);
+    bool stuck = runs_stuck_job(*w);
+    // Short jobs (a window grown past two) drain fast where they are: moving them would cost more
+    // than it saves, unless a worker holds more than its window (a deep send from plain code),
+    // or the job it runs turned out long (stuck).
+    bool worth_moving = jobs_are_long(s) || held > s.window || stuck;
+    if (!worth_moving && held >= kJobsPerWorker) {
+      Clock::time_point when = s.running_since + kStuckJob;
+      turns_stuck = turns_stuck ? std::min(*turns_stuck, when) : when;
+    }
+    if (worth_moving && !w->exited() && !w->stopped_job() && (!busiest || held > busiest->in_flight().size()))
+      busiest = w.get();
+  }
+  move.long_running = long_running_;
+  // Nothing to move now, but jobs wait behind one that may turn out stuck: look again then.
+  if (idle && (!busiest || busiest == idle) && turns_stuck) move.look_again_at = turns_stuck;
+  if (!idle || !busiest || idle == busiest) return move;
+  std::size_t gap = busiest->in_flight().size() - idle->in_flight().size();
+  // Behind a stuck job, even its one job in flight moves, if the worker has not taken it up (a
+  // stopped worker): it would wait there, however long that one runs.
+  if (gap < (runs_stuck_job(*busiest) ? 1 : 2)) return move;
+  move.from = busiest;
+  move.jobs = std::min(std::max<std::size_t>(gap / 2, 1), window_of(*idle, driving) - idle->in_flight().size());
+  return move;
+}
+
+}  // namespace forkpool::detail
