@@ -10,16 +10,10 @@
 #include <stdexcept>
 
 #include <forkpool/runtime/private/describe_exception.hpp>
+#include <forkpool/runtime/private/splitmix64.hpp>
 
 namespace forkpool::detail {
 namespace {
-
-std::uint64_t mix(std::uint64_t x) {  // splitmix64's finalizer
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 
 // This rank's count of samples per epoch: the padded total's share.
 std::size_t rank_samples(std::size_t dataset_size, const DataLoaderOptions& options) {
@@ -117,7 +111,7 @@ std::vector<IndexBatch> epoch_batches(std::size_t dataset_size, const DataLoader
   std::vector<std::uint64_t> order(dataset_size);
   std::iota(order.begin(), order.end(), std::uint64_t{0});
   if (options.shuffle) {
-    std::mt19937_64 random(mix(seed ^ mix(epoch)));
+    std::mt19937_64 random(splitmix64(seed ^ splitmix64(epoch)));
     for (std::size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[random() % i]);
   }
   if (options.world_size > 1 && !order.empty()) {

@@ -35,6 +35,20 @@ StartedWorker fork_worker(const WorkerSpec& spec, int index, UniqueFd channel) {
   return {pid, watch_child(pid), std::move(objects)};
 }
 
+// Forks a helper process (a fork server) that runs `serve(our pid, its end of the channel)`, which
+// never returns; `ours` is closed in it. Returns its pid; throws std::system_error naming `what`.
+template <class Serve>
+pid_t fork_server_process(Channel& ours, Channel& theirs, const char* what, Serve serve) {
+  pid_t parent = getpid();
+  pid_t pid = fork_helper();
+  if (pid < 0) throw_last_errno(what);
+  if (pid == 0) {
+    ours.release().reset();
+    serve(parent, theirs.release());
+  }
+  return pid;
+}
+
 class ForkLauncher final : public Launcher {
  public:
   explicit ForkLauncher(WorkerSpec spec) : spec_(std::move(spec)) {}
@@ -241,13 +255,9 @@ class ProgramForkServer {
     if (instance()) return;
     auto [ours, theirs] = Channel::make_pair();
     auto own = loaded_object_bases();
-    pid_t parent = getpid();
-    pid_t pid = fork_helper();
-    if (pid < 0) throw_last_errno("forkpool: fork (the program's fork server)");
-    if (pid == 0) {
-      ours.release().reset();
-      program_server_main(parent, theirs.release(), own);
-    }
+    pid_t pid =
+        fork_server_process(ours, theirs, "forkpool: fork (the program's fork server)",
+                            [&](pid_t parent, UniqueFd end) { program_server_main(parent, std::move(end), own); });
     instance().reset(new ProgramForkServer(pid, std::move(ours), std::move(own)));  // it dies with us
   }
 
@@ -351,13 +361,8 @@ class ForkServerLauncher final : public Launcher {
       }
     }
     own_child_ = true;
-    pid_t parent = getpid();
-    pid_t pid = fork_helper();
-    if (pid < 0) throw_last_errno("forkpool: fork (fork server)");
-    if (pid == 0) {
-      ours.release().reset();
-      zygote_main(spec_, parent, theirs.release());
-    }
+    pid_t pid = fork_server_process(ours, theirs, "forkpool: fork (fork server)",
+                                    [&](pid_t parent, UniqueFd end) { zygote_main(spec_, parent, std::move(end)); });
     zygote_ = {pid, open_pidfd(pid), loaded_object_bases()};  // what every worker it forks has
     control_.emplace(ours.release());
   }

@@ -129,10 +129,8 @@ void PoolCoreImpl::launch_workers(int count) {
       scheduler_.worker_started(*worker);
       workers_.push_back(worker);
       // The sharing strategy of now: a worker from a fork server started earlier has that one's.
-      std::int64_t spin = options_.spin ? options_.spin->count() : -1;
-      Writer hello = encode(std::tuple<int, int, std::uint64_t, SharingStrategy, std::int64_t, std::int32_t>(
-          worker->index(), processes_, seeds[i], get_sharing_strategy(), spin, static_cast<std::int32_t>(getpid())));
-      worker->begin(shared_from_this(), *launcher_, code_objects_, background_, starts[i], hello.bytes(),
+      HelloMessage hello{worker->index(), processes_, seeds[i], get_sharing_strategy(), options_.spin, current_pid()};
+      worker->begin(shared_from_this(), *launcher_, code_objects_, background_, starts[i], encode_hello(hello).bytes(),
                     options_.spin);
     } catch (...) {
       if (!first_failure) first_failure = std::current_exception();
@@ -327,7 +325,8 @@ void PoolCoreImpl::worker_gone(const std::shared_ptr<PoolWorker>& worker) {
         requeued.push_back(job);
         break;
       case Fate::split: {
-        std::uint64_t running = std::clamp<std::uint64_t>(worker->slot().element.load(), job->range.first, job->range.end - 1);
+        std::uint64_t running =
+            std::clamp<std::uint64_t>(worker->slot().element.load(), job->range.first, job->range.end - 1);
         if (running > job->range.first) requeued.push_back(job_part(job, job->range.first, running));
         auto culprit = job_part(job, running, running + 1);
         culprit->attempts = job->attempts + 1;
@@ -361,7 +360,7 @@ void PoolCoreImpl::cancel(const JobSink* sink) {
     for (auto& [id, job] : w->in_flight())
       if (job->sink.get() == sink) ids.push_back(id);
     for (std::uint64_t id : ids) {
-      if (w->withdraw(id)) continue;                                             // not taken up: it never runs
+      if (w->withdraw(id)) continue;                                    // not taken up: it never runs
       if (w->slot().request_id.load() == id) w->stop_job(id, nullptr);  // else it has finished
     }
   }

@@ -95,6 +95,25 @@ Writer encode_object(const LoadedObject& object) { return encode(record_of(objec
 
 LoadedObject decode_object(std::span<const std::byte> payload) { return object_of(decode<ObjectRecord>(payload)); }
 
+namespace {
+// [id][workers][seed][sharing strategy][spin in ns, -1: adaptive][the parent's pid]
+using HelloRecord = std::tuple<std::int32_t, std::int32_t, std::uint64_t, SharingStrategy, std::int64_t, std::int32_t>;
+}  // namespace
+
+Writer encode_hello(const HelloMessage& hello) {
+  std::int64_t spin = hello.spin ? hello.spin->count() : -1;  // (a negative spin is refused by PoolOptions)
+  return encode(HelloRecord(hello.worker_id, hello.workers, hello.seed, hello.sharing, spin, hello.parent));
+}
+
+HelloMessage decode_hello(std::span<const std::byte> payload) {
+  auto [id, workers, seed, sharing, spin, parent] = decode<HelloRecord>(payload);
+  if (sharing != SharingStrategy::file_descriptor && sharing != SharingStrategy::file_system)
+    throw ProtocolError("forkpool: the parent's hello names no sharing strategy");
+  HelloMessage hello{id, workers, seed, sharing, std::nullopt, static_cast<pid_t>(parent)};
+  if (spin >= 0) hello.spin = std::chrono::nanoseconds(spin);
+  return hello;
+}
+
 Writer encode_current_exception() { return encode(describe_current_exception()); }
 
 }  // namespace forkpool::detail

@@ -107,19 +107,14 @@ void receive_hello(Channel& channel, Hello& hello) {
   Message message = channel.receive();
   if (message.kind != kHelloMessage || message.fds.size() != 4)
     throw ProtocolError("forkpool: the parent's first message is not a hello with four descriptors");
-  auto [id, workers, seed, strategy, spin, owner] =
-      decode<std::tuple<int, int, std::uint64_t, SharingStrategy, std::int64_t, std::int32_t>>(message.payload.bytes());
-  if (strategy != SharingStrategy::file_descriptor && strategy != SharingStrategy::file_system)
-    throw ProtocolError("forkpool: the parent's hello names no sharing strategy");
-  set_worker_info({id, workers, getpid(), seed});
-  set_starting_parent(static_cast<pid_t>(owner));
-  set_sharing_strategy(strategy);  // the parent's, as a forked worker would have it
+  HelloMessage said = decode_hello(message.payload.bytes());
+  set_worker_info({said.worker_id, said.workers, getpid(), said.seed});
+  set_starting_parent(said.parent);
+  set_sharing_strategy(said.sharing);  // the parent's, as a forked worker would have it
   check_sealed_memfd(message.fds[0].get(), kRunningSlotBytes, "forkpool: running slot");
   hello.slot = Mapping::map(message.fds[0].get(), kRunningSlotBytes, PROT_READ | PROT_WRITE);
-  std::optional<std::chrono::nanoseconds> bound;
-  if (spin >= 0) bound = std::chrono::nanoseconds(spin);
   hello.link.emplace(channel, map_link_rings(message.fds[1].get()), std::move(message.fds[2]),
-                     std::move(message.fds[3]), bound, &is_loose);
+                     std::move(message.fds[3]), said.spin, &is_loose);
 }
 
 }  // namespace

@@ -10,9 +10,8 @@
 //                  the worker calls elements [first, end) of the chunk (all of them, but for a
 //                  retried part of a chunk whose worker died: see ElementRange)
 //     descriptors  what the elements attached, which they name by index
-//   hello   (parent -> worker): the first message: [id][workers][seed][sharing strategy][spin]
-//                               [the parent's pid], with the worker's RunningSlot, the rings and
-//                               the two wake eventfds
+//   hello   (parent -> worker): the first message: a HelloMessage, with the worker's
+//                               RunningSlot, the rings and the two wake eventfds
 //   result  (worker -> parent): [u64 count of results, end - first][results...][table of blocks]
 //                               [release][u32 its length]: what the task let go of
 //   error   (worker -> parent): [type name][message] of what the task threw; with request id 0,
@@ -33,6 +32,8 @@
 #include <exception>
 #include <cstring>
 #include <array>
+#include <chrono>
+#include <optional>
 #include <functional>
 #include <iterator>
 #include <span>
@@ -44,6 +45,7 @@
 
 #include <forkpool/ipc/codec.hpp>
 #include <forkpool/pool/internal/job.hpp>
+#include <forkpool/shm/sharing.hpp>
 #include <forkpool/runtime/task.hpp>
 
 namespace forkpool {
@@ -287,6 +289,18 @@ struct TaskCall {
 // Reads `task`, resolving the blocks it carries through `memory`. Throws ProtocolError when the
 // message is malformed.
 TaskCall read_task(Message& task, PeerMemory& memory);
+
+// The payload of the hello: who the worker is (worker_info()) and how it talks.
+struct HelloMessage {
+  std::int32_t worker_id;
+  std::int32_t workers;
+  std::uint64_t seed;
+  SharingStrategy sharing;                       // the parent's, as a forked worker would have it
+  std::optional<std::chrono::nanoseconds> spin;  // PoolOptions::spin (none: adaptive)
+  pid_t parent;                                  // the pool's process
+};
+Writer encode_hello(const HelloMessage& hello);
+HelloMessage decode_hello(std::span<const std::byte> payload);  // ProtocolError when malformed
 
 // A loaded object as it crosses: [path][build id][base][size].
 using ObjectRecord = std::tuple<std::string, std::string, std::uint64_t, std::uint64_t>;

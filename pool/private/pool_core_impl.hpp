@@ -113,7 +113,7 @@ class PoolCoreImpl final : public PoolCore,
   std::uint64_t seed_base_ = 0;
   bool closed_ = false;
   bool terminated_ = false;
-  int open_streams_ = 0;  // streams that may still submit, also after close()
+  int open_streams_ = 0;          // streams that may still submit, also after close()
   int initializer_failures_ = 0;  // consecutive workers whose initializer threw
   std::exception_ptr broken_;     // why no worker can be started any more (the initializer)
   OneShot all_exited_;

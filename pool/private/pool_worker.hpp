@@ -228,10 +228,10 @@ class PoolWorker : public std::enable_shared_from_this<PoolWorker> {
   // flight at once could overtake each other when the socket is full.
   std::deque<std::pair<std::uint64_t, std::shared_ptr<Job>>> outbox_;
   bool sending_ = false;
-  bool write_closed_ = false;              // told to exit once idle
-  bool retired_ = false;                   // retire()
+  bool write_closed_ = false;  // told to exit once idle
+  bool retired_ = false;       // retire()
   int jobs_sent_ = 0;
-  std::uint64_t stopped_job_ = 0;          // stop_job()
+  std::uint64_t stopped_job_ = 0;  // stop_job()
   std::exception_ptr stop_reason_;
   std::exception_ptr failure_;             // it broke the protocol: why its running job fails
   std::exception_ptr initializer_error_;   // its initializer threw
