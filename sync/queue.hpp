@@ -27,7 +27,7 @@ namespace forkpool {
 
 namespace detail {
 
-// An item as it crosses: written by `write`, its tensors' blocks lent (pool/internal/
+// An item as it crosses: written by `write`, its tensors' blocks lent (shm/private/
 // queue_memory.hpp); and read back by `read` from a message, the blocks borrowed.
 Writer encode_queue_item(const std::function<void(Writer&)>& write);
 void decode_queue_item(detail::Message& message, const std::function<void(Reader&)>& read);
