@@ -1,6 +1,8 @@
 #pragma once
-// codec<Tensor>: a tensor crosses as its storage (a memfd descriptor, or a /dev/shm name) and
-// its view (offset, shape, strides, dtype); its bytes are never serialized. The receiver
+// codec<Tensor>: a tensor crosses as its storage and its view (offset, shape, strides, dtype);
+// its bytes are never serialized. The storage is a block of a slab named in the message's table
+// of blocks (lent, and coming home when let go), a whole memfd attached as a descriptor, or a
+// /dev/shm name (file_system sharing). The receiver
 // validates everything before it maps: a lying peer can never cause SIGBUS.
 
 #include <array>

@@ -6,7 +6,7 @@
 //     payload      [u64 invoker address][u64 function address]
 //                  [the chunk's elements, each codec-encoded]
 //                  [u64 element count][u64 first][u64 end]
-//                  [table of blocks] (peer_memory.hpp)
+//                  [table of blocks] (shm/internal/block_table.hpp)
 //                  the worker calls elements [first, end) of the chunk (all of them, but for a
 //                  retried part of a chunk whose worker died: see ElementRange)
 //     descriptors  what the elements attached, which they name by index
@@ -23,7 +23,8 @@
 //                               after forking the worker, sent before the first task whose
 //                               function is in it; the worker loads it and translates addresses
 //
-// Function addresses are valid in the worker because it is a fork of the parent's image.
+// Function addresses are the parent's. A forked worker shares its image; a spawned one, or one
+// told to load an object, translates them (ObjectTranslation) before it calls anything.
 
 #include <atomic>
 #include <sys/types.h>

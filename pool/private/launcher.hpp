@@ -1,6 +1,8 @@
 #pragma once
-// Launchers start worker processes and reap them: directly by fork(), or through a fork server
-// (a zygote forked when the pool is made, so replacements never fork the busy parent).
+// Launchers start worker processes and reap them, one per start method: fork() of the parent;
+// a fork server (forked when the pool is made, or asked of the program's fork server that
+// forkpool::init() started, so that no worker is forked from a parent with threads); or spawn,
+// a fresh run of the program's executable.
 
 #include <sys/types.h>
 

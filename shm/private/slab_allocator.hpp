@@ -32,8 +32,9 @@ class SlabAllocator {
   static constexpr std::size_t kLargestSlab = std::size_t{64} << 20;
   // The bytes of a size class's next slab when it holds `slabs` already.
   static constexpr std::size_t slab_bytes_after(std::size_t slabs) noexcept {
-    return slabs >= 5 ? kLargestSlab : kSlabBytes << slabs;  // 2 MiB << 5 is kLargestSlab
+    return slabs >= 5 ? kLargestSlab : kSlabBytes << slabs;
   }
+  static_assert((kSlabBytes << 5) == kLargestSlab, "slab_bytes_after doubles five times");
 
   static constexpr std::size_t kDefaultCacheLimit = std::size_t{256} << 20;
 
