@@ -51,7 +51,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       }
       in.expect_end();
     });
-  } catch (const fp::ProtocolError&) {
-  }
+  } catch (const fp::ProtocolError&) {}
   return 0;
 }
