@@ -244,6 +244,7 @@ bool PoolCoreImpl::take_back_for_idle() {
   // now, not when the ring fills, and what it holds goes elsewhere once it is gone.
   for (PoolWorker* worker : move.long_running) worker->check_ring();
   if (move.look_again_at) look_again_at(*move.look_again_at);
+  if (move.jobs == 0) return false;        // (before the deque: making one allocates)
   std::deque<std::shared_ptr<Job>> taken;  // oldest first, as they were queued
   for (std::size_t moved = 0; moved < move.jobs; ++moved) {
     std::shared_ptr<Job> job = move.from->withdraw_newest();

@@ -34,26 +34,6 @@ void Scheduler::worker_started(const PoolWorker& worker) {
   schedules_[id] = Schedule{};
 }
 
-Scheduler::Schedule& Scheduler::schedule(const PoolWorker& worker) {
-  return schedules_[static_cast<std::size_t>(worker.index())];
-}
-
-const Scheduler::Schedule& Scheduler::schedule(const PoolWorker& worker) const {
-  return schedules_[static_cast<std::size_t>(worker.index())];
-}
-
-Clock::time_point Scheduler::now() {
-  if (holds_ == 0) return Clock::now();
-  if (!held_time_) held_time_ = Clock::now();
-  return *held_time_;
-}
-
-Clock::time_point Scheduler::decision_time() {
-  if (holds_ > 0) return now();
-  if (!decision_time_) decision_time_ = Clock::now();
-  return *decision_time_;
-}
-
 bool Scheduler::release(Workers workers) noexcept {
   if (--holds_ > 0) return false;
   for (const auto& w : workers) close_drain(schedule(*w));  // the drain is over
@@ -74,28 +54,10 @@ std::size_t Scheduler::jobs_wanted(Workers workers, int processes) const noexcep
   return std::max(wanted, kJobsPerWorker * static_cast<std::size_t>(processes));
 }
 
-// Submitted from plain code, a worker is given as many jobs as it may hold, so that all of it
-// runs while the program computes, as Python's pool keeps working in its threads: the first
-// depth while its jobs are short, which finish in moments anyway and cost less in smaller batches
-// (a working set that stays in cache); the second while they are long (or not yet measured).
-// move_for_idle() evens out what that sent.
-std::size_t Scheduler::window_of(const PoolWorker& worker, bool driving) const noexcept {
-  const Schedule& s = schedule(worker);
-  if (jobs_may_move_ && !driving) return s.drained_long ? kDeepLongJobsPerWorker : kDeepJobsPerWorker;
-  return s.window;
-}
-
-bool Scheduler::may_take(const PoolWorker& worker) const noexcept { return worker.accepts_jobs(); }
-
 bool Scheduler::has_room_for_a_batch(Workers workers, bool driving) const noexcept {
   return std::any_of(workers.begin(), workers.end(), [&](const auto& w) {
     return may_take(*w) && w->in_flight().size() + kMaxJobsPerWorker <= window_of(*w, driving);
   });
-}
-
-bool Scheduler::runs_long(PoolWorker& worker) {
-  if (!worker.has_unsettled_work()) return false;
-  return decision_time() - schedule(worker).running_since >= kStuckJob;
 }
 
 PoolWorker* Scheduler::pick(Workers workers, const Job& job, bool driving) {
@@ -177,9 +139,10 @@ Scheduler::Move Scheduler::move_for_idle(Workers workers, bool driving) {
     if (may_take(*w) && held < kJobsPerWorker && w->has_claim_words_left() &&
         (!idle || held < idle->in_flight().size()))
       idle = w.get();
-    if (runs_long(*w)) long_running_.push_back(w.get());
     const Schedule& s = schedule(*w);
-    bool stuck = runs_stuck_job(*w);
+    bool long_running = runs_long(*w);
+    if (long_running) long_running_.push_back(w.get());
+    bool stuck = long_running && s.has_served;  // runs_stuck_job
     // Short jobs (a window grown past two) drain fast where they are: moving them would cost more
     // than it saves, unless a worker holds more than its window (a deep send from plain code),
     // or the job it runs turned out long (stuck).

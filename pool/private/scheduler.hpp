@@ -25,11 +25,10 @@
 #include <vector>
 
 #include <forkpool/pool/internal/job.hpp>
+#include <forkpool/pool/private/pool_worker.hpp>
 #include <forkpool/runtime/internal/deadline.hpp>
 
 namespace forkpool::detail {
-
-class PoolWorker;
 
 inline constexpr std::size_t kJobsPerWorker = 2;
 inline constexpr std::size_t kMaxJobsPerWorker = 16;
@@ -69,7 +68,11 @@ class Scheduler {
   // Jobs the pool wants in flight to keep every worker busy (what streams prefetch).
   std::size_t jobs_wanted(Workers workers, int processes) const noexcept;
   // Jobs `worker` may hold now. `driving`: the loop is driven (else plain code submits).
-  std::size_t window_of(const PoolWorker& worker, bool driving) const noexcept;
+  std::size_t window_of(const PoolWorker& worker, bool driving) const noexcept {
+    const Schedule& s = schedule(worker);
+    if (jobs_may_move_ && !driving) return s.drained_long ? kDeepLongJobsPerWorker : kDeepJobsPerWorker;
+    return s.window;
+  }
   // The worker to send `job` to now: its pinned one, else the least busy with room, a stuck one
   // last. Null when none may take it.
   PoolWorker* pick(Workers workers, const Job& job, bool driving);
@@ -85,7 +88,9 @@ class Scheduler {
   Clock::time_point running_since(const PoolWorker& worker) const { return schedule(worker).running_since; }
   // Whether `worker` holds work whose job has run kStuckJob or longer, also a worker that has not
   // answered yet (that may be still starting).
-  bool runs_long(PoolWorker& worker);
+  bool runs_long(PoolWorker& worker) {
+    return worker.has_unsettled_work() && decision_time() - schedule(worker).running_since >= kStuckJob;
+  }
 
   // Jobs to move from one worker to the queue, for a worker running dry: the newest `jobs` of
   // `from` (half the difference, as much as the idle one may take). When none should move now
@@ -117,16 +122,24 @@ class Scheduler {
     Clock::time_point drain_time;  // of the drain being read
     std::size_t finished_in_drain = 0;
   };
-  Schedule& schedule(const PoolWorker& worker);
-  const Schedule& schedule(const PoolWorker& worker) const;
+  // (The small calls of every dispatch are inline: out of line they cost a trivial stream of
+  // tasks a few percent.)
+  Schedule& schedule(const PoolWorker& worker) { return schedules_[static_cast<std::size_t>(worker.index())]; }
+  const Schedule& schedule(const PoolWorker& worker) const {
+    return schedules_[static_cast<std::size_t>(worker.index())];
+  }
   // A window back at two says the worker's jobs are long (or not yet measured).
   static bool jobs_are_long(const Schedule& schedule) noexcept { return schedule.window == kJobsPerWorker; }
   // The drain of replies being read is over: its jobs took, together, from the mark to it.
   static void close_drain(Schedule& schedule) noexcept;
   bool runs_stuck_job(PoolWorker& worker) { return schedule(worker).has_served && runs_long(worker); }
   // The time as the scheduler sees it: while held, the time it was first asked for then.
-  Clock::time_point now();
-  bool may_take(const PoolWorker& worker) const noexcept;
+  Clock::time_point now() {
+    if (holds_ == 0) return Clock::now();
+    if (!held_time_) held_time_ = Clock::now();
+    return *held_time_;
+  }
+  bool may_take(const PoolWorker& worker) const noexcept { return worker.accepts_jobs(); }
 
   bool jobs_may_move_;
   std::vector<Schedule> schedules_;  // by worker id
@@ -134,7 +147,11 @@ class Scheduler {
   std::optional<Clock::time_point> held_time_;
   // The time of one decision (pick, move_for_idle): a clock read when first needed, so that a
   // round trip, where no worker holds work, reads no clock.
-  Clock::time_point decision_time();
+  Clock::time_point decision_time() {
+    if (holds_ > 0) return now();
+    if (!decision_time_) decision_time_ = Clock::now();
+    return *decision_time_;
+  }
   std::optional<Clock::time_point> decision_time_;
   std::vector<PoolWorker*> long_running_;  // Move::long_running
 };
