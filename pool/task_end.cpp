@@ -8,8 +8,8 @@
 namespace forkpool::detail {
 namespace {
 
-// initial-exec, as the loop's: read on every torch::Tensor decode, and this library is not dlopen()ed.
-__attribute__((tls_model("initial-exec"))) thread_local bool running_a_task = false;
+// Read on every torch::Tensor decode (a TLS descriptor, as the loop's).
+thread_local bool running_a_task = false;
 // Read and written on the serving thread only (in_pool_task() guards registration).
 std::array<TaskEndHook, 4> hooks{};
 std::size_t hook_count = 0;

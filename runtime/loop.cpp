@@ -25,8 +25,9 @@ namespace {
 
 constexpr unsigned kRingEntries = 256;
 
-// initial-exec: the loop is looked up on every operation, and this library is not dlopen()ed.
-__attribute__((tls_model("initial-exec"))) thread_local Loop* t_loop = nullptr;
+// Looked up on every operation: the library is built with TLS descriptors (meson.build), which
+// cost a load when it was loaded with the program and stay correct when it is dlopen()ed.
+thread_local Loop* t_loop = nullptr;
 // Loops inherited through fork(): their kernel objects belong to the parent. Kept reachable (not
 // destroyed: their coroutines are the parent's) so leak checkers stay quiet.
 std::vector<Loop*>* g_abandoned = nullptr;

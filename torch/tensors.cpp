@@ -138,9 +138,9 @@ const std::array<c10::DispatchKeySet, 2>& new_cpu_tensor_key_sets() {
 // Whether InferenceMode is on in the calling thread, as InferenceMode::is_enabled() tells, read
 // through the address of libc10's thread-local AutogradState, which this thread keeps: is_enabled()
 // is two calls and a __tls_get_addr into libc10 (13 ns warm, about 40 ns in a round trip, paid on
-// each side). (initial-exec, as the loop's in libforkpool, which this library goes with.)
+// each side). (A TLS descriptor, as the loop's in libforkpool.)
 bool inference_mode_on() {
-  __attribute__((tls_model("initial-exec"))) static thread_local const c10::AutogradState* state = nullptr;
+  static thread_local const c10::AutogradState* state = nullptr;
   if (!state) state = &c10::AutogradState::get_tls_state();
   return state->get_inference_mode();
 }
