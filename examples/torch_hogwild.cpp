@@ -5,7 +5,11 @@
 //
 //   torch_hogwild [processes] [steps per process]
 
-#include <torch/torch.h>
+// The parts of <torch/torch.h> used here: it compiles in a third of the time.
+#include <ATen/ATen.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
 
 #include <chrono>
 #include <cstdio>

@@ -1,7 +1,11 @@
 // forkpool-torch: libtorch tensors crossing to real workers as shared memory.
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+// The parts of <torch/torch.h> used here: it compiles in a third of the time.
+#include <ATen/ATen.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
 
 #include <chrono>
 #include <cstdlib>
