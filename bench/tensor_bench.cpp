@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include <forkpool/pool/dataloader.hpp>
+#include <forkpool/data/dataloader.hpp>
 #include <forkpool/pool/pool.hpp>
 #include <forkpool/shm/tensor.hpp>
 #include <forkpool/shm/private/slab_allocator.hpp>

@@ -176,7 +176,7 @@ decltype(auto) owned_input(Range&& inputs) {
 }
 
 struct JobsDieWithWorker {};
-struct PoolInternals;  // pool/private/pool_internals.hpp: what tests and diagnostics read
+struct PoolInternals;  // pool/internal/pool_internals.hpp: what the DataLoader, tests and diagnostics read
 
 template <class T>
 Task<T> await_result(AsyncResult<T> result) {
@@ -330,8 +330,6 @@ class Pool {
   }
 
   friend struct detail::PoolInternals;
-  template <class Dataset, class Batch>
-  friend class DataLoader;  // its epochs are streams with a window of its own
   std::shared_ptr<detail::PoolCore> core_;
 };
 

@@ -10,7 +10,7 @@
 #include <stdexcept>
 
 #include <forkpool/sync/private/waits.hpp>
-#include <forkpool/pool/private/pool_internals.hpp>
+#include <forkpool/pool/internal/pool_internals.hpp>
 #include <forkpool/pool/worker_info.hpp>
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/internal/blocking_wait.hpp>

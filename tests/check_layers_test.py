@@ -10,7 +10,7 @@ import tempfile
 
 source = pathlib.Path(__file__).resolve().parent.parent
 check = source / ".ci" / "check_layers.py"
-LAYERS = ["runtime", "ipc", "shm", "sync", "pool", "mpi", "torch"]
+LAYERS = ["runtime", "ipc", "shm", "sync", "pool", "data", "mpi", "torch"]
 failures = []
 
 

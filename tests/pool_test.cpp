@@ -34,7 +34,7 @@
 #include <forkpool/pool/as_completed.hpp>
 #include <forkpool/pool/internal/task_message.hpp>
 #include <forkpool/pool/pool.hpp>
-#include <forkpool/pool/private/pool_internals.hpp>
+#include <forkpool/pool/internal/pool_internals.hpp>
 #include <forkpool/pool/worker_info.hpp>
 #include <forkpool/runtime/loop.hpp>
 #include <forkpool/runtime/show_progress.hpp>

@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include <forkpool/pool/private/pool_internals.hpp>
+#include <forkpool/pool/internal/pool_internals.hpp>
 #include <forkpool/pool/pool.hpp>
 #include <forkpool/runtime/private/loop_wait.hpp>
 #include <forkpool/runtime/private/spin.hpp>

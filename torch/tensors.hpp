@@ -26,7 +26,7 @@
 #include <vector>
 
 #include <forkpool/ipc/codec.hpp>
-#include <forkpool/pool/default_collate.hpp>
+#include <forkpool/data/default_collate.hpp>
 #include <forkpool/shm/tensor.hpp>
 
 namespace torch::nn {

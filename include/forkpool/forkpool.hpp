@@ -26,7 +26,7 @@
 #include <forkpool/sync/shared_value.hpp>
 #include <forkpool/sync/sync.hpp>
 #include <forkpool/pool/as_completed.hpp>
-#include <forkpool/pool/dataloader.hpp>
+#include <forkpool/data/dataloader.hpp>
 #include <forkpool/pool/init.hpp>
 #include <forkpool/pool/pool.hpp>
 #include <forkpool/pool/process.hpp>

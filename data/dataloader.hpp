@@ -38,7 +38,8 @@
 #include <forkpool/pool/internal/core_stream.hpp>
 #include <forkpool/pool/internal/index_batch.hpp>
 #include <forkpool/pool/internal/stream_state.hpp>
-#include <forkpool/pool/default_collate.hpp>
+#include <forkpool/data/default_collate.hpp>
+#include <forkpool/pool/internal/pool_internals.hpp>
 #include <forkpool/pool/pool.hpp>
 #include <forkpool/pool/stream.hpp>
 #include <forkpool/pool/worker_info.hpp>
@@ -209,14 +210,14 @@ class DataLoader {
       pool_.reset();  // the last epoch's workers first
       pool_ = std::make_unique<Pool>(pool_options());
     }
-    pool_->core_->check_owner("DataLoader::epoch");
+    detail::PoolInternals::core(*pool_).check_owner("DataLoader::epoch");
     auto window = static_cast<std::size_t>(options_.num_workers) * static_cast<std::size_t>(options_.prefetch_factor);
     if constexpr (kIterable) {
-      auto state = std::make_shared<ShardedEpoch>(pool_->core_, options_.num_workers, epoch, window, options_.in_order);
+      auto state = std::make_shared<ShardedEpoch>(detail::PoolInternals::shared_core(*pool_), options_.num_workers, epoch, window, options_.in_order);
       state->start();
       return Stream<Batch>(std::move(state));
     } else {
-      auto state = std::make_shared<IndexedEpoch>(pool_->core_, &load, std::move(batches), 1, options_.in_order, window,
+      auto state = std::make_shared<IndexedEpoch>(detail::PoolInternals::shared_core(*pool_), &load, std::move(batches), 1, options_.in_order, window,
                                                   /*bound_unconsumed=*/true);
       state->start();
       return Stream<Batch>(std::move(state));

@@ -1,4 +1,4 @@
-#include <forkpool/pool/dataloader.hpp>
+#include <forkpool/data/dataloader.hpp>
 
 #include <sys/random.h>
 #include <unistd.h>
