@@ -213,11 +213,13 @@ class DataLoader {
     detail::PoolInternals::core(*pool_).check_owner("DataLoader::epoch");
     auto window = static_cast<std::size_t>(options_.num_workers) * static_cast<std::size_t>(options_.prefetch_factor);
     if constexpr (kIterable) {
-      auto state = std::make_shared<ShardedEpoch>(detail::PoolInternals::shared_core(*pool_), options_.num_workers, epoch, window, options_.in_order);
+      auto state = std::make_shared<ShardedEpoch>(detail::PoolInternals::shared_core(*pool_), options_.num_workers,
+                                                  epoch, window, options_.in_order);
       state->start();
       return Stream<Batch>(std::move(state));
     } else {
-      auto state = std::make_shared<IndexedEpoch>(detail::PoolInternals::shared_core(*pool_), &load, std::move(batches), 1, options_.in_order, window,
+      auto state = std::make_shared<IndexedEpoch>(detail::PoolInternals::shared_core(*pool_), &load, std::move(batches),
+                                                  1, options_.in_order, window,
                                                   /*bound_unconsumed=*/true);
       state->start();
       return Stream<Batch>(std::move(state));
