@@ -135,6 +135,11 @@ std::optional<Message> WorkerLink::take() {
     early_.pop_front();
     return message;
   }
+  if (++taken_since_socket_check_ >= kSocketCheckEvery) {
+    taken_since_socket_check_ = 0;
+    read_waiting_socket_messages();
+    if (!early_.empty()) return take();
+  }
   std::optional<RingRecord> record = inbound_.peek();
   if (!record) return std::nullopt;
   Message message;
@@ -180,6 +185,19 @@ void WorkerLink::wait(std::optional<std::size_t> room_for) {
   }
   flag.store(0, std::memory_order_relaxed);
   if (!room_for) spin_.record(Clock::now() - began);
+}
+
+void WorkerLink::read_waiting_socket_messages() {
+  constexpr int kAtMost = 64;  // a parent that floods the socket does not starve the ring
+  try {
+    for (int read = 0; read < kAtMost; ++read) {
+      std::optional<Message> message = channel_.try_receive();
+      if (!message) return;
+      (loose_(message->kind) ? early_ : ordered_).push_back(std::move(*message));
+    }
+  } catch (const ChannelClosed&) {
+    // The parent is gone: the blocking read that follows says so, once the ring is read.
+  }
 }
 
 void WorkerLink::read_socket() {

@@ -492,6 +492,31 @@ TEST(SharedMemoryThreads, BatchesFromAWorkerDroppedOnFourThreadsWhileThePoolWork
       << "blocks dropped on other threads never went home";
 }
 
+// Releases sent from other threads travel on the worker's socket. A worker that never waits (a
+// steady stream of tasks) reads them within moments, not at its next sleep (issue 58.10): its
+// blocks come home and it makes no new slabs meanwhile.
+TEST(SharedMemoryThreads, ReleasesFromAnotherThreadReachAWorkerThatNeverWaits) {
+  // A long spin: between two tasks the worker polls its ring and finds the next, never sleeping.
+  PoolOptions options{.processes = 1};
+  options.spin = std::chrono::milliseconds(50);
+  Pool pool(options);
+  std::vector<int> indices(64);
+  for (int i = 0; i < 64; ++i) indices[i] = i;
+  // Rounds: a worker may still doze once in a while and read a socket message then.
+  for (int round = 0; round < 10; ++round) {
+    std::vector<Tensor> batches = pool.map_async(a_batch_of, indices).get();
+    std::thread dropper([&batches] {
+      for (Tensor& batch : batches) batch = Tensor();  // one release each, on the socket
+    });
+    dropper.join();
+    std::vector<AsyncResult<int>> busy;
+    for (int i = 0; i < 2'000; ++i) busy.push_back(pool.apply_async(nothing, i));
+    AsyncResult<std::size_t> in_use = pool.apply_async(in_use_in_worker, 0);  // behind them
+    for (int i = 0; i < 2'000; ++i) ASSERT_EQ(busy[i].get(), i);
+    ASSERT_EQ(in_use.get(), 0u) << "round " << round << ": releases waited on the socket of a worker that never slept";
+  }
+}
+
 TEST(SharedMemory, AWorkerKilledWhileHoldingBlocksGivesThemBack) {
   Pool pool({.processes = 1});
   std::optional<Tensor> t = Tensor::empty({256}, DType::f32);

@@ -87,6 +87,13 @@ class WorkerLink {
   LooseKinds loose_;
   std::deque<Message> ordered_;  // socket messages read before their marker
   std::deque<Message> early_;    // loose messages read while waiting to send
+  // Loose messages (releases a parent's other threads send) land on the socket, which is
+  // otherwise read only when the worker sleeps or a marker comes: under a steady stream of tasks
+  // they would wait there, the blocks they release with them, while the worker's memory grows
+  // (issue 58.10). So the socket is looked at every kSocketCheckEvery messages taken.
+  static constexpr unsigned kSocketCheckEvery = 64;
+  unsigned taken_since_socket_check_ = 0;
+  void read_waiting_socket_messages();
 };
 
 // The parent's end: on the loop's thread. Sends are serialised by the caller (one at a time).
