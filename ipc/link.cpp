@@ -86,7 +86,12 @@ LinkResources LinkResources::create() {
 
 Mapping map_link_rings(int memfd) {
   check_sealed_memfd(memfd, kRingsBytes, "forkpool: a worker's link");
-  return Mapping::map(memfd, kRingsBytes, PROT_READ | PROT_WRITE);
+  // Not inherited: the parent maps a worker's rings before it forks that worker's siblings, whose
+  // tasks must not reach them (a task that writes a ring position gets its own worker rejected,
+  // never another). Nor by what a worker's task forks.
+  Mapping rings = Mapping::map(memfd, kRingsBytes, PROT_READ | PROT_WRITE);
+  rings.keep_from_forks();
+  return rings;
 }
 
 void wake_peer(int eventfd) noexcept {
@@ -218,8 +223,6 @@ ParentLink::ParentLink(Channel& channel, Mapping rings, UniqueFd own_wake, Uniqu
       spin_(spin) {
   // Not polling until the loop spins: the worker wakes us through the eventfd.
   inbound_.control().consumer_sleeping.store(1, std::memory_order_seq_cst);
-  // Workers forked later must not inherit this worker's rings (they map their own).
-  (void)madvise(rings_.data(), rings_.size(), MADV_DONTFORK);
 }
 
 ParentLink::~ParentLink() {

@@ -14,6 +14,10 @@ Mapping Mapping::map(int fd, std::size_t size, int protection, off_t offset) {
   return Mapping(address, size);
 }
 
+void Mapping::keep_from_forks() const noexcept {
+  if (address_) (void)madvise(address_, size_, MADV_DONTFORK);
+}
+
 void Mapping::unmap() noexcept {
   munmap(address_, size_);
   address_ = nullptr;

@@ -65,7 +65,9 @@ PoolWorker::Start PoolWorker::Start::make() {
 PoolWorker::PoolWorker(int index, Start& start)
     : index_(index),
       channel_(UniqueFd()),
-      running_slot_(Mapping::map(start.slot.get(), kRunningSlotBytes, PROT_READ | PROT_WRITE)) {}
+      running_slot_(Mapping::map(start.slot.get(), kRunningSlotBytes, PROT_READ | PROT_WRITE)) {
+  running_slot_.keep_from_forks();  // mapped before its siblings are forked: theirs to forge otherwise
+}
 
 void PoolWorker::begin(std::shared_ptr<WorkerEvents> events, Launcher& launcher, CodeObjects& objects,
                        Scope& background, Start& start, std::span<const std::byte> hello,
@@ -267,9 +269,18 @@ bool PoolWorker::send_at_once(Job& job, std::uint64_t id) {
   } catch (const Error&) {
     return false;  // send_one() fails the job with it
   }
-  send_release_now(ParentLink::Publish::at_flush);
-  std::optional<PeerMemory::Introduction> introduction = memory_->lend(job.root().blocks);
-  if (!introduction && link_->try_send_now(kTaskMessage, id, job.payload, ParentLink::Publish::at_flush)) return true;
+  std::optional<PeerMemory::Introduction> introduction;
+  try {
+    send_release_now(ParentLink::Publish::at_flush);
+    introduction = memory_->lend(job.root().blocks);
+    if (!introduction && link_->try_send_now(kTaskMessage, id, job.payload, ParentLink::Publish::at_flush))
+      return true;
+  } catch (const ProtocolError&) {
+    // It broke its ring (a task wrote its position): it is killed, and the job, which it never
+    // took up, goes again once it is gone. The caller who submitted it hears nothing of this.
+    reject(std::current_exception());
+    return true;
+  }
   memory_->unlend(job.root().blocks, introduction);  // send_one() lends them again
   return false;
 }

@@ -1302,6 +1302,24 @@ TEST_P(PoolTest, ATaskThatForgesNotHavingStartedIsNotRunAgainForEver) {
   EXPECT_EQ(fresh.apply_async(square, 3).get(10s), 9);
 }
 
+// How many of the pool's per-worker mappings this worker holds: its own rings and running slot
+// only, never a sibling's (workers started together are forked after all their mappings exist).
+int per_worker_mappings_here(int) {
+  std::ifstream maps("/proc/self/maps");
+  int found = 0;
+  for (std::string line; std::getline(maps, line);)
+    if (line.find("forkpool-link") != std::string::npos || line.find("forkpool-running-slot") != std::string::npos)
+      ++found;
+  return found;
+}
+
+TEST_P(PoolTest, AWorkerMapsOnlyItsOwnRingsAndRunningSlot) {
+  Pool pool(options(4));  // started together
+  std::vector<AsyncResult<int>> counts;
+  for (int i = 0; i < 16; ++i) counts.push_back(pool.apply_async(per_worker_mappings_here, i));
+  for (auto& count : counts) EXPECT_EQ(count.get(20s), 2);
+}
+
 // A worker's own position is its word, but only the job it ran may pay for a lie: the jobs
 // queued behind that one never started, whatever the slot says (issue 58.9).
 TEST_P(PoolTest, ATaskThatForgesItsSlotAndDiesTakesNoQueuedJobWithIt) {

@@ -36,6 +36,9 @@ class Mapping {
   void reset() noexcept {
     if (address_) unmap();
   }
+  // Processes forked from now on do not inherit it (MADV_DONTFORK): for memory shared with one
+  // child, which the siblings forked beside it must not reach.
+  void keep_from_forks() const noexcept;
   // Gives the mapping up without unmapping it: it stays until the process ends.
   void leak() noexcept {
     address_ = nullptr;
