@@ -273,8 +273,7 @@ bool PoolWorker::send_at_once(Job& job, std::uint64_t id) {
   try {
     send_release_now(ParentLink::Publish::at_flush);
     introduction = memory_->lend(job.root().blocks);
-    if (!introduction && link_->try_send_now(kTaskMessage, id, job.payload, ParentLink::Publish::at_flush))
-      return true;
+    if (!introduction && link_->try_send_now(kTaskMessage, id, job.payload, ParentLink::Publish::at_flush)) return true;
   } catch (const ProtocolError&) {
     // It broke its ring (a task wrote its position): it is killed, and the job, which it never
     // took up, goes again once it is gone. The caller who submitted it hears nothing of this.
