@@ -57,24 +57,24 @@ void ProgressLine::draw(const Progress& progress) {
     return;
   }
   if (!progress.total) {
-    if (std::chrono::steady_clock::now() - last_line_ >= kUnknownTotalEvery) print_line(progress, -1);
+    if (std::chrono::steady_clock::now() - last_line_ >= kUnknownTotalEvery) print_line(progress, -1, rate);
     return;
   }
   if (*progress.total == 0) return;
   // A line for each tenth reached, as promised, also when several passed since the last draw:
-  // each with the count that reached it (the last with the count of now).
+  // each with the count that reached it (the last with the count of now), and the rate of now
+  // (that count over the time of now would understate it).
   auto reached = static_cast<int>(10 * progress.done / *progress.total);
   while (tenths_printed_ < reached) {
     ++tenths_printed_;
     Progress at = progress;
     if (tenths_printed_ < reached)  // the first count that is this tenth
       at.done = (*progress.total * static_cast<std::size_t>(tenths_printed_) + 9) / 10;
-    print_line(at, 10 * tenths_printed_);
+    print_line(at, 10 * tenths_printed_, rate);
   }
 }
 
-void ProgressLine::print_line(const Progress& progress, int percent) {
-  double rate = items_per_second(progress.done, started_);
+void ProgressLine::print_line(const Progress& progress, int percent, double rate) {
   if (percent >= 0) {
     std::fprintf(stderr, "%s: %d%% (%zu/%zu items, %s items/s)\n", label_.c_str(), percent, progress.done,
                  *progress.total, rate_text(rate).c_str());
@@ -93,7 +93,7 @@ void ProgressLine::finish(const Progress& progress) {
   if (terminal_) {
     std::fputc('\n', stderr);
   } else if (done_printed_ != progress.done) {
-    print_line(progress, -1);  // the work ended between tenths, or early: say where
+    print_line(progress, -1, items_per_second(progress.done, started_));  // ended between tenths, or early
   }
 }
 

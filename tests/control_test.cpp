@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <functional>
 #include <optional>
+#include <set>
 #include <string>
 #include <numeric>
 #include <ranges>
@@ -16,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include <forkpool/runtime/internal/progress_line.hpp>
 #include <forkpool/forkpool.hpp>
 #include "support.hpp"
 
@@ -343,6 +345,28 @@ TEST_F(ControlTest, ShowProgressToAPipeWritesALineAtEveryTenthWithACountThatReac
   }
   EXPECT_EQ(lines.size(), 10u) << text;
   EXPECT_NE(lines.back().find("100% (100/100 items"), std::string::npos) << lines.back();
+}
+
+// Tenths that passed between two draws are each said with the count that reached them, and all
+// with the rate of now: that count over the time of now would understate it (issue 58.8's note).
+TEST(ProgressLineTest, TenthsPassedBetweenTwoDrawsAllShowTheRateOfNow) {
+  std::string text = capture_stderr([] {
+    detail::ProgressLine line("jump");
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // past the time a rate needs
+    line.draw(Progress{100, 100});
+  });
+  std::set<long> rates;
+  int lines = 0;
+  for (std::size_t at = 0, end; (end = text.find('\n', at)) != std::string::npos; at = end + 1, ++lines) {
+    int percent = 0, done = 0, total = 0;
+    long rate = 0;
+    std::string one = text.substr(at, end - at);
+    ASSERT_EQ(std::sscanf(one.c_str(), "jump: %d%% (%d/%d items, %ld items/s)", &percent, &done, &total, &rate), 4)
+        << one;
+    rates.insert(rate);
+  }
+  EXPECT_EQ(lines, 10) << text;
+  EXPECT_EQ(rates.size(), 1u) << "tenths with rates of their own:\n" << text;
 }
 
 }  // namespace

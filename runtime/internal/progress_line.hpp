@@ -23,7 +23,8 @@ class ProgressLine {
 
  private:
   // percent < 0: a line of counts alone (the total unknown, or the work ended between tenths).
-  void print_line(const Progress& progress, int percent);
+  // `rate`: items a second, of the work as a whole up to now (0: not known yet).
+  void print_line(const Progress& progress, int percent, double rate);
 
   std::string label_;
   bool terminal_;
