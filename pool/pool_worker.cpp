@@ -269,17 +269,10 @@ bool PoolWorker::send_at_once(Job& job, std::uint64_t id) {
   } catch (const Error&) {
     return false;  // send_one() fails the job with it
   }
-  std::optional<PeerMemory::Introduction> introduction;
-  try {
-    send_release_now(ParentLink::Publish::at_flush);
-    introduction = memory_->lend(job.root().blocks);
-    if (!introduction && link_->try_send_now(kTaskMessage, id, job.payload, ParentLink::Publish::at_flush)) return true;
-  } catch (const ProtocolError&) {
-    // It broke its ring (a task wrote its position): it is killed, and the job, which it never
-    // took up, goes again once it is gone. The caller who submitted it hears nothing of this.
-    reject(std::current_exception());
-    return true;
-  }
+  send_release_now(ParentLink::Publish::at_flush);
+  std::optional<PeerMemory::Introduction> introduction = memory_->lend(job.root().blocks);
+  // (A ring the worker broke reads as no room: the breach is reported where its position is read.)
+  if (!introduction && link_->try_send_now(kTaskMessage, id, job.payload, ParentLink::Publish::at_flush)) return true;
   memory_->unlend(job.root().blocks, introduction);  // send_one() lends them again
   return false;
 }
