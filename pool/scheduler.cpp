@@ -132,7 +132,7 @@ Scheduler::Move Scheduler::move_for_idle(Workers workers, bool driving) {
   if (!jobs_may_move_ || workers.size() < 2) return move;
   PoolWorker* idle = nullptr;
   PoolWorker* busiest = nullptr;
-  std::optional<Clock::time_point> turns_stuck;  // of the first job behind which others wait
+  std::optional<Clock::time_point> turns_stuck;  // of the first job that may turn out stuck
   for (const auto& w : workers) {
     std::size_t held = w->in_flight().size();
     // (One that may not be sent more, for want of claim words, would hand them back at once.)
@@ -147,7 +147,9 @@ Scheduler::Move Scheduler::move_for_idle(Workers workers, bool driving) {
     // than it saves, unless a worker holds more than its window (a deep send from plain code),
     // or the job it runs turned out long (stuck).
     bool worth_moving = jobs_are_long(s) || held > s.window || stuck;
-    if (!worth_moving && held >= kJobsPerWorker) {
+    // Jobs wait at a worker whose job may yet turn out stuck (a stopped worker's last job too,
+    // with no other reply coming to make us look): look again when it would be.
+    if (!worth_moving && !long_running && held > 0) {
       Clock::time_point when = s.running_since + kStuckJob;
       turns_stuck = turns_stuck ? std::min(*turns_stuck, when) : when;
     }
@@ -155,7 +157,7 @@ Scheduler::Move Scheduler::move_for_idle(Workers workers, bool driving) {
       busiest = w.get();
   }
   move.long_running = long_running_;
-  // Nothing to move now, but jobs wait behind one that may turn out stuck: look again then.
+  // Nothing to move now, but a job may turn out stuck: look again then.
   if (idle && (!busiest || busiest == idle) && turns_stuck) move.look_again_at = turns_stuck;
   if (!idle || !busiest || idle == busiest) return move;
   std::size_t gap = busiest->in_flight().size() - idle->in_flight().size();

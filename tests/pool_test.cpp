@@ -1031,17 +1031,30 @@ TEST(SchedulerTest, AMapFinishesWhileOneWorkerIsStopped) {
   pid_t stopped = pool.worker_pids().at(0);
   ASSERT_EQ(kill(stopped, SIGSTOP), 0);
   // Stopped before the map is sent (a task it took up before would wait for it: it runs there).
-  ASSERT_TRUE(test_support::eventually([&] {
-    std::ifstream stat("/proc/" + std::to_string(stopped) + "/stat");
-    std::string line((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-    auto paren = line.rfind(')');
-    return paren != std::string::npos && line.size() > paren + 2 && line[paren + 2] == 'T';
-  }));
+  ASSERT_TRUE(test_support::eventually([&] { return test_support::process_state(stopped) == 'T'; }));
   std::vector<int> inputs(200);
   std::iota(inputs.begin(), inputs.end(), 0);
   std::vector<int> squares = pool.map_async(square, inputs, 1).get(20s);
   kill(stopped, SIGCONT);
   for (int i = 0; i < 200; ++i) EXPECT_EQ(squares[i], i * i);
+}
+
+// The last job at a stopped worker, with nothing else in flight: no reply comes to make the pool
+// look at it again, so it must look again by itself once the job could be stuck.
+TEST(SchedulerTest, AJobLeftAloneAtAStoppedWorkerRunsElsewhere) {
+  Pool pool({.processes = 2});
+  ASSERT_EQ(pool.map_async(square, std::vector<int>(100, 2), 1).get(20s), std::vector<int>(100, 4));  // warm
+  pid_t stopped = pool.worker_pids().at(0);
+  ASSERT_EQ(kill(stopped, SIGSTOP), 0);
+  ASSERT_TRUE(test_support::eventually([&] { return test_support::process_state(stopped) == 'T'; }));
+  // Two at once: one is sent to each worker (both are idle).
+  for (int round = 0; round < 5; ++round) {
+    auto first = pool.apply_async(square, round);
+    auto second = pool.apply_async(square, round + 1);
+    EXPECT_EQ(first.get(10s), round * round);
+    EXPECT_EQ(second.get(10s), (round + 1) * (round + 1));
+  }
+  kill(stopped, SIGCONT);
 }
 
 TEST_P(PoolTest, WorkSentToAWorkerThatDiedWhileTheLoopWasIdleRunsElsewhere) {
