@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <string>
+#include <string_view>
 #include <type_traits>
 
 namespace forkpool {
@@ -21,6 +23,9 @@ enum class StartMethod {
 // worker (a fresh run of the program) can call only that: captured state does not exist there.
 //   PoolOptions{.initializer = [] { seed_rng(); }}         // plain: every start method
 //   PoolOptions{.initializer = [&config] { use(config); }} // fork and forkserver only
+// A plain function with bytes to call it with (Python's initializer and initargs) crosses to a
+// spawned worker too: the function by its address, the bytes beside it.
+//   PoolOptions{.initializer = Initializer::with_bytes(+[](std::string_view s) { use(s); }, config)}
 class Initializer : public std::function<void()> {
  public:
   Initializer() = default;
@@ -29,8 +34,20 @@ class Initializer : public std::function<void()> {
   requires(std::is_invocable_v<F&> && !std::is_same_v<std::decay_t<F>, Initializer>) Initializer(F f)
       : std::function<void()>(f), plain_(plain_function_of(f)) {}
 
-  // The plain function, or null when this holds state (or nothing).
+  // Calls `function(bytes)`; every start method can run it.
+  static Initializer with_bytes(void (*function)(std::string_view), std::string bytes) {
+    Initializer initializer;
+    initializer.std::function<void()>::operator=([function, bytes] { function(bytes); });
+    initializer.with_bytes_ = function;
+    initializer.bytes_ = std::move(bytes);
+    return initializer;
+  }
+
+  // The plain function, or null when this holds state (or nothing, or is with_bytes()'s).
   void (*plain() const)() { return plain_; }
+  // with_bytes()'s function and bytes (null and empty otherwise).
+  void (*plain_with_bytes() const)(std::string_view) { return with_bytes_; }
+  const std::string& bytes() const { return bytes_; }
 
  private:
   template <class F>
@@ -51,6 +68,8 @@ class Initializer : public std::function<void()> {
     }
   }
   void (*plain_)() = nullptr;
+  void (*with_bytes_)(std::string_view) = nullptr;
+  std::string bytes_;
 };
 
 // Fields stay in this order: callers use designated initializers.

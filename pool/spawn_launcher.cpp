@@ -4,6 +4,7 @@
 //
 //   parent -> child   bootstrap: [worker index][parent pid][maxtasksperchild]
 //                                [the initializer's address, 0 for none][process name]
+//                                [a with_bytes initializer's address, 0 for none][its bytes]
 //                                [every object the parent
 //                                has loaded (ObjectRecord)...]; the worker's channel end and,
 //                                if the parent has one, its /dev/shm name tracker's socket
@@ -42,7 +43,8 @@ namespace {
 
 enum BootstrapMessage : std::uint16_t { kBootstrap = 1, kReady = 2 };
 
-using Bootstrap = std::tuple<int, std::int64_t, int, std::uint64_t, std::string, std::vector<ObjectRecord>>;
+using Bootstrap = std::tuple<int, std::int64_t, int, std::uint64_t, std::string, std::uint64_t, std::string,
+                             std::vector<ObjectRecord>>;
 
 // How long a spawned program may take to reach forkpool::init(): its main may load a lot first.
 constexpr auto kStartLimit = std::chrono::seconds(60);
@@ -59,7 +61,7 @@ const char* const kCallInitFirst =
     Message message = bootstrap.receive();
     if (message.kind != kBootstrap || message.fds.empty() || message.fds.size() > 2)
       throw ProtocolError("forkpool: a spawned worker's first message is not its bootstrap");
-    auto [worker_index, parent, maxtasksperchild, initializer, process_name, records] =
+    auto [worker_index, parent, maxtasksperchild, initializer, process_name, with_bytes, bytes, records] =
         decode<Bootstrap>(message.payload.bytes());
     index = worker_index;
     if (message.fds.size() == 2) adopt_name_tracker(std::move(message.fds[1]));
@@ -67,6 +69,9 @@ const char* const kCallInitFirst =
     for (ObjectRecord& record : records) objects.load(object_of(std::move(record)));
     WorkerSpec spec{maxtasksperchild, {}, std::move(process_name)};
     if (initializer != 0) spec.initializer = reinterpret_cast<void (*)()>(objects.translate(initializer));
+    if (with_bytes != 0)
+      spec.initializer = Initializer::with_bytes(
+          reinterpret_cast<void (*)(std::string_view)>(objects.translate(with_bytes)), std::move(bytes));
     bootstrap.send(kReady, 0, {});
     UniqueFd channel = std::move(message.fds[0]);
     message = {};
@@ -82,11 +87,11 @@ const char* const kCallInitFirst =
 class SpawnLauncher final : public Launcher {
  public:
   explicit SpawnLauncher(WorkerSpec spec) : spec_(std::move(spec)) {
-    if (spec_.initializer && !spec_.initializer.plain())
+    if (spec_.initializer && !spec_.initializer.plain() && !spec_.initializer.plain_with_bytes())
       throw std::invalid_argument(
           "forkpool: under StartMethod::spawn the initializer must be a plain function (a function pointer "
-          "or a lambda without captures): a spawned worker is a fresh run of the program, where "
-          "captured state does not exist");
+          "or a lambda without captures, or Initializer::with_bytes): a spawned worker is a fresh run of "
+          "the program, where captured state does not exist");
   }
 
   StartedWorker start(int index, UniqueFd channel) override {
@@ -141,11 +146,12 @@ class SpawnLauncher final : public Launcher {
     StartedWorker worker{pid, watch_child(pid), std::move(bases)};
     try {
       auto initializer = reinterpret_cast<std::uintptr_t>(spec_.initializer.plain());
+      auto with_bytes = reinterpret_cast<std::uintptr_t>(spec_.initializer.plain_with_bytes());
       std::vector<int> fds{channel.get()};
       if (int tracker = name_tracker_socket(); tracker >= 0) fds.push_back(tracker);
       ours.send(kBootstrap, 0,
                 encode(Bootstrap(index, getpid(), spec_.maxtasksperchild, initializer, spec_.process_name,
-                                 std::move(records)))
+                                 with_bytes, spec_.initializer.bytes(), std::move(records)))
                     .bytes(),
                 fds);
     } catch (...) {

@@ -18,6 +18,7 @@
 #include <atomic>
 #include <fstream>
 #include <iterator>
+#include <mutex>
 #include <sstream>
 #include <system_error>
 #include <vector>
@@ -200,6 +201,9 @@ std::vector<std::string> own_arguments() {
   return arguments;
 }
 
+std::mutex spawn_program_mutex;
+std::vector<std::string> spawn_program;  // empty: our own executable and arguments
+
 std::vector<char*> pointers_to(std::vector<std::string>& strings) {
   std::vector<char*> pointers;
   for (auto& s : strings) pointers.push_back(s.data());
@@ -209,10 +213,21 @@ std::vector<char*> pointers_to(std::vector<std::string>& strings) {
 
 }  // namespace
 
+void set_spawn_program(std::vector<std::string> command) {
+  std::lock_guard lock(spawn_program_mutex);
+  spawn_program = std::move(command);
+}
+
 pid_t spawn_self(int keep, const std::vector<std::string>& environment) {
   // Everything the child needs is made here: between fork and exec it may only make
   // async-signal-safe calls (other threads of ours may hold the allocator's locks).
-  std::vector<std::string> arguments = own_arguments();
+  std::vector<std::string> arguments;
+  {
+    std::lock_guard lock(spawn_program_mutex);
+    arguments = spawn_program;
+  }
+  std::string program = arguments.empty() ? "/proc/self/exe" : arguments.front();
+  if (arguments.empty()) arguments = own_arguments();
   std::vector<std::string> variables = environment;
   std::vector<char*> argv = pointers_to(arguments), envp = pointers_to(variables);
   pid_t pid = fork_helper();  // the child starts with every signal blocked
@@ -220,7 +235,7 @@ pid_t spawn_self(int keep, const std::vector<std::string>& environment) {
   if (pid > 0) return pid;
   reset_signals_in_helper();
   if (fcntl(keep, F_SETFD, 0) != 0) _exit(127);
-  execve("/proc/self/exe", argv.data(), envp.data());
+  execve(program.c_str(), argv.data(), envp.data());
   _exit(127);
 }
 

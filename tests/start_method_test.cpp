@@ -250,6 +250,22 @@ TEST(SpawnTest, SpawnedWorkersStartAtTheSameTime) {
   EXPECT_EQ(sum, 14);
 }
 
+// Set in each worker by its initializer, from the bytes the pool was given.
+std::string initialized_with;
+void initialize_with(std::string_view bytes) { initialized_with = std::string(bytes) + " in worker"; }
+std::string initialized_with_what(int) { return initialized_with; }
+
+TEST(SpawnTest, AnInitializerWithBytesReachesASpawnedWorker) {
+  Pool pool({.processes = 1,
+             .maxtasksperchild = 1,  // a second worker, started after the first, gets them too
+             .initializer = Initializer::with_bytes(&initialize_with, std::string("config\0bytes", 12)),
+             .start_method = StartMethod::spawn});
+  std::string expected = std::string("config\0bytes", 12) + " in worker";
+  EXPECT_EQ(pool.apply_async(initialized_with_what, 0).get(), expected);
+  EXPECT_EQ(pool.apply_async(initialized_with_what, 0).get(), expected);
+  EXPECT_EQ(initialized_with, "");  // the parent's own is untouched
+}
+
 TEST(SpawnTest, AnInitializerHoldingStateIsRejectedAtConstruction) {
   int state = 1;
   try {

@@ -55,6 +55,11 @@ int become_helper_process(const std::string& name, pid_t expected_parent, int ke
 // ignored, as a helper. Returns its pid (exec failing: it exits 127). Throws std::system_error.
 pid_t spawn_self(int keep, const std::vector<std::string>& environment);
 
+// What spawn_self() runs instead of this program's executable and arguments: `command`, its
+// executable first (an embedding interpreter names itself and the code that serves: forkpool for
+// Python). Empty: this program again. Any thread.
+void set_spawn_program(std::vector<std::string> command);
+
 // Exit codes of our own helpers' failures.
 inline constexpr int kExitOrphaned = 121;  // the parent died before PR_SET_PDEATHSIG
 inline constexpr int kExitInitializerFailed = 122;
