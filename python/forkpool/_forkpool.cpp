@@ -18,14 +18,18 @@
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include <forkpool/forkpool.hpp>
 #include <forkpool/runtime/internal/blocking_wait.hpp>
 #include <forkpool/runtime/private/fork_hooks.hpp>
+#include <forkpool/runtime/private/process.hpp>
 #include <forkpool/torch.hpp>
 
 namespace py = pybind11;
@@ -33,8 +37,12 @@ namespace fp = forkpool;
 
 namespace {
 
-// A call or its answer: the pickle, and the tensors it names by place (persistent ids).
+// An answer (or a queue's item): the pickle, and the tensors it names by place.
 using Message = std::pair<std::string, std::vector<at::Tensor>>;
+
+// A call: how it runs (forkpool._worker's CALL, MAP, STARMAP), its function's pickle (empty when
+// the function is pickled with the argument), the argument's pickle and the tensors it names.
+using Call = std::tuple<int, std::string, std::string, std::vector<at::Tensor>>;
 
 // How long a wait sleeps before it looks for a signal (Ctrl-C) with the GIL.
 constexpr auto kSignalCheck = std::chrono::milliseconds(50);
@@ -51,11 +59,12 @@ Message to_message(const py::handle& answer) {
 }
 
 // The task every Python call is: runs in the worker, with the GIL.
-Message run_call(Message call) {
+Message run_call(Call call) {
   py::gil_scoped_acquire gil;
   static py::handle run = worker_function("run");
+  auto& [kind, function, argument, tensors] = call;
   try {
-    return to_message(run(py::bytes(call.first), std::move(call.second)));
+    return to_message(run(kind, py::bytes(function), py::bytes(argument), std::move(tensors)));
   } catch (py::error_already_set& error) {  // forkpool._worker.run catches what a call raises
     throw std::runtime_error(std::string("forkpool._worker.run failed: ") + error.what());
   }
@@ -80,7 +89,16 @@ void after_fork_in_child() noexcept {
 fp::StartMethod start_method_of(const std::string& name) {
   if (name == "fork") return fp::StartMethod::fork;
   if (name == "forkserver") return fp::StartMethod::forkserver;
-  throw py::value_error("forkpool: start method '" + name + "' is not supported here (fork, forkserver)");
+  if (name == "spawn") return fp::StartMethod::spawn;
+  throw py::value_error("forkpool: unknown start method '" + name + "' (fork, forkserver, spawn)");
+}
+
+// A worker's setup (forkpool._worker.initialize): a plain function with its bytes, so that a
+// spawned worker (a fresh interpreter) gets it too.
+void run_python_initializer(std::string_view setup) {
+  py::gil_scoped_acquire gil;
+  static py::handle initialize = worker_function("initialize");
+  initialize(py::bytes(setup.data(), setup.size()));
 }
 
 std::chrono::nanoseconds seconds(double value) {
@@ -129,6 +147,12 @@ struct HeldWithGil {
   py::object object;
 };
 
+// The tokens of calls that finished, told by CallResult::notify_done: one list for each reader
+// (an imap_unordered, an Executor), so that none takes another's.
+struct DoneTokens {
+  std::shared_ptr<std::vector<std::uint64_t>> tokens = std::make_shared<std::vector<std::uint64_t>>();
+};
+
 // One submitted call.
 class CallResult {
  public:
@@ -153,19 +177,14 @@ class CallResult {
       } catch (py::error_already_set& error) {
         error.discard_as_unraisable("forkpool AsyncResult callback");
       }
-      ++callbacks_run;
     });
   }
 
-  // Callbacks run on this thread so far (CorePool::drive waits for the next).
-  static inline thread_local std::uint64_t callbacks_run = 0;
-
-  // When ready, `token` joins the tokens CorePool::drive() returns: told without the GIL (a
+  // When ready, `token` joins `done`'s tokens (CorePool::take_done): told without the GIL (a
   // callback would take it inside the loop, and wait for whichever thread holds it).
-  void notify_done(std::uint64_t token) {
-    result_.add_done_callback([token](fp::AsyncResult<Message>&) { done_tokens.push_back(token); });
+  void notify_done(const DoneTokens& done, std::uint64_t token) {
+    result_.add_done_callback([tokens = done.tokens, token](fp::AsyncResult<Message>&) { tokens->push_back(token); });
   }
-  static inline thread_local std::vector<std::uint64_t> done_tokens;
 
  private:
   fp::AsyncResult<Message> result_;
@@ -173,7 +192,7 @@ class CallResult {
 
 class CorePool {
  public:
-  CorePool(int processes, int maxtasksperchild, std::optional<py::bytes> initializer, const std::string& start_method,
+  CorePool(int processes, int maxtasksperchild, std::optional<py::bytes> setup, const std::string& start_method,
            int max_retries, double task_timeout, std::uint64_t seed, std::optional<double> spin) {
     fp::PoolOptions options;
     options.processes = processes;
@@ -183,19 +202,14 @@ class CorePool {
     options.task_timeout = seconds(task_timeout);
     options.seed = seed;
     if (spin) options.spin = seconds(*spin);
-    if (initializer) {
-      // Runs forkpool._worker.initialize(pickle) in each worker; what it raises fails the worker.
-      options.initializer = [pickled = std::string(*initializer)] {
-        py::gil_scoped_acquire gil;
-        static py::handle initialize = worker_function("initialize");
-        initialize(py::bytes(pickled));
-      };
-    }
+    // What forkpool._worker.initialize(setup) raises fails the worker.
+    if (setup) options.initializer = fp::Initializer::with_bytes(&run_python_initializer, std::string(*setup));
     pool_.emplace(std::move(options));
   }
 
-  CallResult submit(const py::bytes& payload, std::vector<at::Tensor> tensors) {
-    return CallResult(pool().apply_async(run_call, Message{std::string(payload), std::move(tensors)}));
+  CallResult submit(int kind, const py::bytes& function, const py::bytes& argument, std::vector<at::Tensor> tensors) {
+    return CallResult(pool().apply_async(run_call, Call{kind, std::string(function), std::string(argument),
+                                                        std::move(tensors)}));
   }
   // Whichever of `results` is ready first, by place; None when `timeout` passes first.
   std::optional<std::size_t> wait_any(const std::vector<CallResult*>& results, std::optional<double> timeout) {
@@ -208,18 +222,12 @@ class CorePool {
     wait_until_ready(any_ready, timeout, "forkpool imap_unordered");
     return first;
   }
-  // Drives the pool's loop until a result's callback has run (when_ready) or `timeout` passes;
-  // True if one ran.
-  bool drive(std::optional<double> timeout) {
-    std::uint64_t seen = CallResult::callbacks_run;
-    return wait_until_ready([seen] { return CallResult::callbacks_run != seen; }, timeout, "forkpool Executor");
-  }
-  // Drives the pool's loop until a result told of by notify_done() is ready, or `timeout`
-  // passes; returns the tokens of those ready since the last call.
-  std::vector<std::uint64_t> take_done(std::optional<double> timeout) {
-    auto& done = CallResult::done_tokens;
-    wait_until_ready([&] { return !done.empty(); }, timeout, "forkpool Executor");
-    return std::exchange(done, {});
+  // Drives the pool's loop until a result told of by notify_done(`done`, ...) is ready, or
+  // `timeout` passes; returns the tokens of those ready since the last call.
+  std::vector<std::uint64_t> take_done(const DoneTokens& done, std::optional<double> timeout) {
+    std::vector<std::uint64_t>& tokens = *done.tokens;
+    wait_until_ready([&] { return !tokens.empty(); }, timeout, "forkpool take_done");
+    return std::exchange(tokens, {});
   }
   void close() { pool().close(); }
   void terminate() {
@@ -306,6 +314,8 @@ PYBIND11_MODULE(_forkpool, m) {
     }
   });
 
+  py::class_<DoneTokens>(m, "DoneTokens").def(py::init<>());
+
   py::class_<CallResult>(m, "CallResult")
       .def("ready", &CallResult::ready)
       .def("wait", &CallResult::wait, py::arg("timeout") = py::none())
@@ -317,12 +327,11 @@ PYBIND11_MODULE(_forkpool, m) {
   py::class_<CorePool>(m, "CorePool")
       .def(py::init<int, int, std::optional<py::bytes>, const std::string&, int, double, std::uint64_t,
                     std::optional<double>>(),
-           py::arg("processes"), py::arg("maxtasksperchild"), py::arg("initializer"), py::arg("start_method"),
+           py::arg("processes"), py::arg("maxtasksperchild"), py::arg("setup"), py::arg("start_method"),
            py::arg("max_retries"), py::arg("task_timeout"), py::arg("seed"), py::arg("spin"))
       .def("submit", &CorePool::submit)
       .def("wait_any", &CorePool::wait_any, py::arg("results"), py::arg("timeout") = py::none())
-      .def("drive", &CorePool::drive, py::arg("timeout") = py::none())
-      .def("take_done", &CorePool::take_done, py::arg("timeout") = py::none())
+      .def("take_done", &CorePool::take_done, py::arg("done"), py::arg("timeout") = py::none())
       .def("close", &CorePool::close)
       .def("terminate", &CorePool::terminate)
       .def("join", &CorePool::join)
@@ -337,6 +346,19 @@ PYBIND11_MODULE(_forkpool, m) {
       .def_property_readonly("maxsize", &CoreQueue::maxsize)
       .def("close", &CoreQueue::close);
 
+  m.def(
+      "set_spawn_program", [](std::vector<std::string> command) { fp::detail::set_spawn_program(std::move(command)); },
+      "The command (executable first) a pool's spawned worker runs: forkpool._spawn.spawn_command().");
+  m.def(
+      "serve_spawned",
+      [] {
+        {
+          py::gil_scoped_release nogil;  // tasks and the initializer take it
+          fp::init();                    // a spawned worker serves here and never returns
+        }
+        throw std::runtime_error("forkpool: this process is not a spawned worker (forkpool._spawn.serve)");
+      },
+      "In a spawned worker: serves its pool's tasks and never returns.");
   m.def(
       "share_memory_",
       [](at::Tensor tensor) {

@@ -6,6 +6,10 @@ shared memory. A tensor not yet in shared memory is moved there in place on its 
 torch.multiprocessing does), so later sends copy nothing and every process that has it sees the
 same memory.
 
+A large contiguous buffer that pickle protocol 5 offers out of band (a numpy array's data) is
+copied once into a block of shared memory that travels the same way; the receiver's array views
+that block (no copy). Smaller ones stay in the pickle.
+
 Tensors are found through the pickler's dispatch table (looked up in C by exact type), so an
 object without tensors costs what plain pickle.dumps costs.
 """
@@ -16,13 +20,14 @@ import copyreg
 import io
 import pickle
 import threading
-from typing import Any
+import types
+from typing import Any, Callable, Optional
 
 import torch
 
 from . import _forkpool
 
-__all__ = ["dumps", "loads"]
+__all__ = ["dumps", "loads", "pickled_function"]
 
 # The tensors of the message being pickled or unpickled on this thread.
 _current = threading.local()
@@ -41,7 +46,7 @@ def _check_sendable(tensor: torch.Tensor) -> None:
 
 
 def _rebuild_tensor(index: int, requires_grad: bool) -> torch.Tensor:
-    tensors = _current.tensors
+    tensors = getattr(_current, "tensors", None) or ()
     if not 0 <= index < len(tensors):
         raise pickle.UnpicklingError(f"forkpool: a message names tensor {index} of {len(tensors)}")
     tensor = tensors[index]
@@ -76,21 +81,90 @@ class _Pickler(pickle.Pickler):
     dispatch_table = _dispatch
 
 
-def dumps(obj: Any) -> tuple[bytes, list]:
-    """The pickle of `obj` and the tensors it names, in order."""
-    tensors: list = []
-    _current.tensors = tensors
+# A buffer smaller than this (a small numpy array's data, say) stays in the pickle: a block of
+# shared memory costs more to send than its bytes.
+_OUT_OF_BAND_MIN = 16 << 10
+
+
+def _out_of_band(buffer: pickle.PickleBuffer) -> bool:
+    """pickle's buffer_callback: a large contiguous buffer (a numpy array's data) is copied once
+    into a block of shared memory, which travels beside the pickle as the tensors do."""
     try:
-        buffer = io.BytesIO()
-        _Pickler(buffer, 5).dump(obj)
-        return buffer.getvalue(), tensors
+        raw = buffer.raw()
+    except BufferError:  # not contiguous: pickled in band
+        return True
+    if raw.nbytes < _OUT_OF_BAND_MIN:
+        return True
+    import numpy  # (torch's own dependency)
+
+    block = _forkpool.empty_bytes(raw.nbytes)
+    numpy.copyto(block.numpy(), numpy.frombuffer(raw, dtype=numpy.uint8))
+    _current.buffers.append(block)
+    return False
+
+
+def dumps(obj: Any, out_of_band: bool = True) -> tuple[bytes, list]:
+    """The pickle of `obj` and the tensors it names, in order, then the blocks of its buffers
+    out of band (out_of_band=False: none, every buffer in the pickle). When that list is not
+    empty, the pickle is followed by the number of buffer blocks (4 bytes, little-endian), which
+    unpickling ignores."""
+    tensors: list = []
+    buffers: list = []
+    _current.tensors = tensors
+    _current.buffers = buffers
+    try:
+        stream = io.BytesIO()
+        _Pickler(stream, 5, buffer_callback=_out_of_band if out_of_band else None).dump(obj)
+        if tensors or buffers:
+            stream.write(len(buffers).to_bytes(4, "little"))
+        return stream.getvalue(), tensors + buffers if buffers else tensors
     finally:
         _current.tensors = None
+        _current.buffers = None
 
 
 def loads(data: bytes, tensors: list) -> Any:
+    if not tensors:
+        return pickle.loads(data)  # (a pickle that names a tensor then fails: _rebuild_tensor)
+    count = int.from_bytes(data[-4:], "little")
+    if count > len(tensors):
+        raise pickle.UnpicklingError(f"forkpool: a message names {count} buffers of {len(tensors)} blocks")
+    buffers = None
+    if count:
+        buffers = [block.numpy() for block in tensors[len(tensors) - count:]]  # views: no copy
+        tensors = tensors[:len(tensors) - count]
     _current.tensors = tensors
     try:
-        return pickle.loads(data)
+        return pickle.loads(data, buffers=buffers)
     finally:
         _current.tensors = None
+
+
+# The pickles of functions pickled by reference, by function: the same each time, and pickling a
+# function (looking up its module and name) costs more than a small call's arguments. Bounded as
+# the worker's cache of them (_worker._functions).
+_function_pickles: dict = {}
+_FUNCTIONS_KEPT = 4096
+
+
+def pickled_function(func: Callable) -> Optional[bytes]:
+    """The pickle of `func` when pickle names it by reference (a module's function, a class, a
+    module's builtin), kept; None for any other callable (a bound method, a partial, an object with
+    __call__: their state may change between calls, so they are pickled with each call's argument).
+    Raises what pickle raises for a function it cannot name (a lambda, a local function)."""
+    try:
+        pickled = _function_pickles.get(func)
+    except TypeError:  # unhashable: not a function
+        return None
+    if pickled is not None:
+        return pickled
+    kind = type(func)
+    by_reference = kind is types.FunctionType or kind is type or (
+        kind is types.BuiltinFunctionType and isinstance(func.__self__, (types.ModuleType, type(None))))
+    if not by_reference or kind in _dispatch:
+        return None
+    pickled = pickle.dumps(func, 5)
+    if len(_function_pickles) >= _FUNCTIONS_KEPT:
+        _function_pickles.clear()
+    _function_pickles[func] = pickled
+    return pickled

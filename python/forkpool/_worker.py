@@ -1,16 +1,44 @@
-"""The worker's side of a call: runs in a forked worker, called by forkpool's C++ task."""
+"""The worker's side of a call: runs in a forked worker, called by forkpool's C++ task.
+
+A call names how to run (CALL, MAP or STARMAP), its function and its argument. A function pickled
+by reference (a module's def, a class, a module's builtin) comes as its own pickle, which the
+worker unpickles once and keeps (_function); any other callable comes inside the argument's pickle.
+"""
 
 from __future__ import annotations
 
+import pickle
 import traceback
 from typing import Any, Callable
 
-from . import _pickling
-
+from . import _pickling, _spawn
 
 # The worker's traceback, as the text it printed: the __cause__ of a re-raised exception. CPython's
 # own class, so that code written for multiprocessing.Pool recognizes it.
 from multiprocessing.pool import RemoteTraceback  # noqa: E402
+
+# How a call runs its function on its argument.
+CALL, MAP, STARMAP = 0, 1, 2
+_RUNNERS: tuple = (
+    lambda func, job: func(*job[0], **job[1]),      # apply_async: (args, kwds)
+    lambda func, chunk: [func(x) for x in chunk],   # a chunk of map, imap
+    lambda func, chunk: [func(*x) for x in chunk],  # a chunk of starmap
+)
+
+# Functions by their pickle, unpickled once. Bounded: a program that makes functions without end
+# (each a new module attribute) starts over rather than grows.
+_functions: dict = {}
+_FUNCTIONS_KEPT = 4096
+
+
+def _function(pickled: bytes) -> Callable:
+    function = _functions.get(pickled)
+    if function is None:
+        function = pickle.loads(pickled)
+        if len(_functions) >= _FUNCTIONS_KEPT:
+            _functions.clear()
+        _functions[pickled] = function
+    return function
 
 
 def _describe(error: BaseException) -> tuple:
@@ -31,34 +59,25 @@ class MaybeEncodingError(Exception):
     """A result or an exception that could not be pickled (CPython's name and meaning)."""
 
 
-def run(data: bytes, tensors: list) -> tuple[bytes, list]:
-    """Runs the pickled call (a function and its argument) and returns the pickled outcome:
-    ("ok", value) or ("error", exception, traceback text)."""
+def run(kind: int, function: bytes, data: bytes, tensors: list) -> tuple[bytes, list]:
+    """Runs a call and returns the pickled outcome: ("ok", value) or ("error", exception,
+    traceback text). `function` is empty when the function is in `data` beside the argument."""
     try:
-        function, argument = _pickling.loads(data, tensors)
-        outcome: tuple = ("ok", function(argument))
+        if function:
+            func, argument = _function(function), _pickling.loads(data, tensors)
+        else:
+            func, argument = _pickling.loads(data, tensors)
+        outcome: tuple = ("ok", _RUNNERS[kind](func, argument))
     except BaseException as error:  # noqa: B036 - a task's SystemExit is its outcome too
         outcome = _describe(error)
     return _answer(outcome)
 
 
 def initialize(data: bytes) -> None:
-    function, args = _pickling.loads(data, [])
-    function(*args)
-
-
-def call(job: tuple[Callable, tuple, dict]) -> Any:
-    """apply_async's call: func(*args, **kwds)."""
-    func, args, kwds = job
-    return func(*args, **kwds)
-
-
-def map_chunk(job: tuple[Callable, list]) -> list:
-    """A chunk of map, imap: func(x) for each x."""
-    func, chunk = job
-    return [func(x) for x in chunk]
-
-
-def starmap_chunk(job: tuple[Callable, list]) -> list:
-    func, chunk = job
-    return [func(*x) for x in chunk]
+    """A worker's setup, before its first task: data is the pickle of (CPython's spawn preparation
+    or None, the pickle of (initializer, initargs) or None)."""
+    preparation, initializer = pickle.loads(data)
+    _spawn.prepare(preparation)
+    if initializer is not None:
+        function, args = _pickling.loads(initializer, [])
+        function(*args)

@@ -18,7 +18,7 @@ import queue
 import threading
 from typing import Any, Callable, Iterable, Iterator, Optional
 
-from . import _worker
+from . import _forkpool, _worker
 from .pool import AsyncResult, Pool
 
 __all__ = ["Executor"]
@@ -95,6 +95,7 @@ class Executor(concurrent.futures.Executor):
         started.put(None)
         self._running: dict = {}  # token -> (the call, its Future), sent and not settled
         self._tokens = itertools.count()
+        self._done = _forkpool.DoneTokens()
         closing = False
         with pool:
             while not (closing and not self._running):
@@ -125,17 +126,17 @@ class Executor(concurrent.futures.Executor):
             if not future.set_running_or_notify_cancel():
                 continue
             try:
-                call = pool._submit(_worker.call, (fn, args, kwargs))
+                call = pool._submit(_worker.CALL, fn, (args, kwargs))
             except BaseException as error:  # noqa: B036 - cannot be pickled, say
                 future.set_exception(error)
                 continue
             token = next(self._tokens)
-            call.notify_done(token)
+            call.notify_done(self._done, token)
             self._running[token] = (call, future)
 
     def _settle(self, pool: Pool) -> None:
         """Drives the pool a while; settles the futures whose results came."""
-        for token in pool._core.take_done(_POLL):
+        for token in pool._core.take_done(self._done, _POLL):
             call, future = self._running.pop(token)
             outcome = AsyncResult._peek(call)
             if outcome[0] == "ok":

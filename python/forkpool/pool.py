@@ -12,14 +12,16 @@ A task whose worker dies fails alone with WorkerLost; the pool starts a new work
 
 from __future__ import annotations
 
+import collections
 import itertools
 import multiprocessing
 import os
+import pickle
 import time
 import warnings
 from typing import Any, Callable, Iterable, Iterator, Optional
 
-from . import _forkpool, _pickling, _worker
+from . import _forkpool, _pickling, _spawn, _worker
 
 __all__ = ["Pool", "AsyncResult", "MapResult", "IMapIterator", "TimeoutError", "WorkerLost"]
 
@@ -35,13 +37,15 @@ _DEFAULT_SPIN = 200e-6
 
 
 class AsyncResult:
-    """The result of apply_async (CPython's ApplyResult)."""
+    """The result of apply_async, or of map_async (one call a chunk): CPython's ApplyResult."""
+
+    __slots__ = ("_pool", "_calls", "_unpack", "_callback", "_error_callback", "_outcome", "_left", "__weakref__")
 
     def __init__(self, pool: "Pool", calls: list, callback: Optional[Callable], error_callback: Optional[Callable],
-                 unpack: Callable[[list], Any]) -> None:
+                 unpack: Optional[Callable[[list], Any]]) -> None:
         self._pool = pool
         self._calls = calls
-        self._unpack = unpack
+        self._unpack = unpack  # None: the one call's value itself
         self._callback = callback
         self._error_callback = error_callback
         self._outcome: Optional[tuple] = None  # ("ok", value) or ("error", exception, tb)
@@ -88,10 +92,15 @@ class AsyncResult:
         else:
             if len(values) < len(self._calls):
                 return
-            try:
-                self._outcome = ("ok", self._unpack(values))
-            except BaseException as error:
-                self._outcome = ("error", error, "")
+            if self._unpack is None:
+                self._outcome = ("ok", values[0])
+            else:
+                try:
+                    self._outcome = ("ok", self._unpack(values))
+                except BaseException as error:
+                    self._outcome = ("error", error, "")
+        if self._callback is None and self._error_callback is None:
+            return
         self._pool._settled(self)
         if self._outcome[0] == "ok" and self._callback is not None:
             self._callback(self._outcome[1])
@@ -99,7 +108,10 @@ class AsyncResult:
             self._error_callback(self._outcome[1])
 
     def ready(self) -> bool:
-        if self._outcome is None and all(call.ready() for call in self._calls):
+        if self._outcome is None:
+            for call in self._calls:
+                if not call.ready():
+                    return False
             self._settle()
         return self._outcome is not None
 
@@ -109,19 +121,23 @@ class AsyncResult:
         return self._outcome[0] == "ok"
 
     def wait(self, timeout: Optional[float] = None) -> None:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        for call in self._calls:
-            if self._outcome is not None:
-                return
-            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-            if not call.wait(left):
-                return
+        if self._outcome is not None:
+            return
+        if len(self._calls) == 1:
+            self._calls[0].wait(timeout)
+        else:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            for call in self._calls:
+                left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+                if self._outcome is not None or not call.wait(left):
+                    return
         self.ready()
 
     def get(self, timeout: Optional[float] = None) -> Any:
-        self.wait(timeout)
-        if not self.ready():
-            raise TimeoutError
+        if self._outcome is None:
+            self.wait(timeout)
+            if not self.ready():
+                raise TimeoutError
         if self._outcome[0] == "ok":
             return self._outcome[1]
         raise self._outcome[1]  # its __cause__: the worker's traceback (_peek)
@@ -138,71 +154,90 @@ MapResult = AsyncResult
 
 
 class IMapIterator:
-    """imap's and imap_unordered's results: the input is read as the workers take it."""
+    """imap's and imap_unordered's results: the input is read as the workers take it, up to
+    _IMAP_WINDOW calls ahead of the results handed out (CPython reads it all at once)."""
 
-    def __init__(self, pool: "Pool", func: Callable, iterable: Iterable, chunksize: int, ordered: bool,
-                 chunk_call: Callable) -> None:
+    def __init__(self, pool: "Pool", func: Callable, iterable: Iterable, chunksize: int, ordered: bool) -> None:
         self._pool = pool
         self._func = func
         self._chunks = _chunks(iterable, chunksize)
         self._ordered = ordered
-        self._chunk_call = chunk_call
-        self._pending: list = []  # CallResults, in input order
-        self._ready: list = []    # values of the chunk being handed out
-        self._window = 2 * pool._processes + 2
+        self._pending: collections.deque = collections.deque()  # ordered: the calls, in input order
+        self._running: dict = {}  # unordered: the calls by token, told as they finish (notify_done)
+        self._tokens = itertools.count()
+        self._done = _forkpool.DoneTokens()
+        self._finished: collections.deque = collections.deque()  # unordered: tokens told, not taken
+        self._input_error: Optional[BaseException] = None  # what the input raised, after the calls sent
+        self._ready: list = []  # values of the chunk being handed out, last first
         self._exhausted = False
         self._fill()
 
+    def _in_flight(self) -> int:
+        return len(self._pending) if self._ordered else len(self._running)
+
     def _fill(self) -> None:
-        while not self._exhausted and len(self._pending) < self._window:
+        while not self._exhausted and self._in_flight() < _IMAP_WINDOW:
             try:
                 chunk = next(self._chunks, None)
             except Exception as error:  # the input raised: at its place in the results, as CPython
                 self._exhausted = True
-                self._pending.append(_InputError(error))
+                self._input_error = error
                 return
             if chunk is None:
                 self._exhausted = True
                 return
-            self._pending.append(self._pool._submit(self._chunk_call, (self._func, chunk)))
+            call = self._pool._submit(_worker.MAP, self._func, chunk)
+            if self._ordered:
+                self._pending.append(call)
+            else:
+                token = next(self._tokens)
+                call.notify_done(self._done, token)
+                self._running[token] = call
 
     def __iter__(self) -> "IMapIterator":
         return self
 
-    def __next__(self) -> Any:
-        return self.next()
-
     def next(self, timeout: Optional[float] = None) -> Any:
         while not self._ready:
-            if not self._pending:
-                raise StopIteration
-            failed = [i for i, entry in enumerate(self._pending) if isinstance(entry, _InputError)]
-            if failed and (not self._ordered or failed[0] == 0):
-                raise self._pending.pop(failed[0]).error
-            if self._ordered:
-                index = 0
-                if not self._pending[0].wait(timeout):
-                    raise TimeoutError
-            else:
-                index = self._pool._core.wait_any(self._pending, timeout)
-                if index is None:
-                    raise TimeoutError
-            call = self._pending.pop(index)
+            call = self._next_call(timeout)
             self._fill()
             outcome = AsyncResult._peek(call)
             if outcome[0] != "ok":
                 raise outcome[1]
-            self._ready = list(reversed(outcome[1]))
+            self._ready = outcome[1][::-1]
         return self._ready.pop()
 
     __next__ = next
 
+    def _next_call(self, timeout: Optional[float]) -> Any:
+        """The next call whose chunk is handed out, once ready; raises StopIteration at the end,
+        the input's error in its place, TimeoutError."""
+        if self._ordered:
+            if not self._pending:
+                self._raise_input_error()
+            call = self._pending[0]
+            if not call.wait(timeout):
+                raise TimeoutError
+            return self._pending.popleft()
+        if self._input_error is not None or not self._running:  # CPython's: the error comes first
+            self._raise_input_error()
+        while not self._finished:
+            finished = self._pool._core.take_done(self._done, timeout)
+            if not finished:
+                raise TimeoutError
+            self._finished.extend(finished)
+        return self._running.pop(self._finished.popleft())
 
-class _InputError:
-    """What imap's input raised, in its place among the chunks."""
+    def _raise_input_error(self) -> None:
+        error, self._input_error = self._input_error, None
+        if error is not None:
+            raise error
+        raise StopIteration
 
-    def __init__(self, error: Exception) -> None:
-        self.error = error
+
+# How many calls imap keeps sent ahead of what was handed out: enough that a worker never waits
+# for the next while the parent hands results out.
+_IMAP_WINDOW = 256
 
 
 def _chunks(iterable: Iterable, size: int) -> Iterator[list]:
@@ -215,8 +250,9 @@ def _chunks(iterable: Iterable, size: int) -> Iterator[list]:
 
 
 class Pool:
-    """multiprocessing.Pool on forkpool. start_method: 'fork' (the default, as CPython's on Linux)
-    or 'forkserver' (workers forked from a server forked when the pool is made). forkpool's own
+    """multiprocessing.Pool on forkpool. start_method: 'fork' (the default, as CPython's on Linux),
+    'forkserver' (workers forked from a server forked when the pool is made) or 'spawn' (each
+    worker a fresh interpreter that imports the main module as __mp_main__, as CPython's). forkpool's own
     options are keywords: task_timeout (seconds), max_retries, seed, spin (seconds)."""
 
     def __init__(self, processes: Optional[int] = None, initializer: Optional[Callable] = None,
@@ -236,15 +272,23 @@ class Pool:
         self._processes = processes
         self._state = _RUN
         self._pending: set = set()
+        start_method = start_method or "fork"
         pickled_initializer = None
         if initializer is not None:
-            pickled_initializer, tensors = _pickling.dumps((initializer, tuple(initargs)))
+            pickled_initializer, tensors = _pickling.dumps((initializer, tuple(initargs)), out_of_band=False)
             if tensors:
                 raise TypeError("forkpool: an initializer's arguments cannot hold tensors")
+        preparation = None
+        if start_method == "spawn":
+            preparation = _spawn.preparation()
+            _forkpool.set_spawn_program(_spawn.spawn_command())
+        setup = None
+        if preparation is not None or pickled_initializer is not None:
+            setup = pickle.dumps((preparation, pickled_initializer), 5)
         if spin is None:
             spin = _DEFAULT_SPIN
         self._core = _forkpool.CorePool(processes=processes, maxtasksperchild=maxtasksperchild or 0,
-                                        initializer=pickled_initializer, start_method=start_method or "fork",
+                                        setup=setup, start_method=start_method,
                                         max_retries=max_retries, task_timeout=task_timeout or 0.0, seed=seed,
                                         spin=spin)
 
@@ -253,9 +297,15 @@ class Pool:
         if self._state != _RUN:
             raise ValueError("Pool not running")
 
-    def _submit(self, function: Callable, argument: Any) -> Any:
-        data, tensors = _pickling.dumps((function, argument))
-        return self._core.submit(data, tensors)
+    def _submit(self, kind: int, func: Callable, argument: Any) -> Any:
+        """Sends func's call (_worker.CALL, MAP or STARMAP) on `argument`; its CallResult."""
+        function = _pickling.pickled_function(func)
+        if function is None:
+            data, tensors = _pickling.dumps((func, argument))
+            function = b""
+        else:
+            data, tensors = _pickling.dumps(argument)
+        return self._core.submit(kind, function, data, tensors)
 
     def _settled(self, result: AsyncResult) -> None:
         self._pending.discard(result)
@@ -270,11 +320,13 @@ class Pool:
 
     def apply_async(self, func: Callable, args: tuple = (), kwds: dict = {}, callback: Optional[Callable] = None,
                     error_callback: Optional[Callable] = None) -> AsyncResult:
-        self._check_running()
-        call = self._submit(_worker.call, (func, tuple(args), dict(kwds)))
-        return self._track(AsyncResult(self, [call], callback, error_callback, lambda values: values[0]))
+        if self._state != _RUN:
+            raise ValueError("Pool not running")
+        call = self._submit(_worker.CALL, func, (args, kwds))
+        result = AsyncResult(self, [call], callback, error_callback, None)
+        return result if callback is None and error_callback is None else self._track(result)
 
-    def _map_async(self, func: Callable, iterable: Iterable, chunk_call: Callable, chunksize: Optional[int],
+    def _map_async(self, func: Callable, iterable: Iterable, kind: int, chunksize: Optional[int],
                    callback: Optional[Callable], error_callback: Optional[Callable]) -> AsyncResult:
         self._check_running()
         if not hasattr(iterable, "__len__"):
@@ -285,35 +337,35 @@ class Pool:
                 chunksize += 1
         if len(iterable) == 0:
             chunksize = 0
-        calls = [self._submit(chunk_call, (func, chunk)) for chunk in _chunks(iterable, max(chunksize, 1))]
+        calls = [self._submit(kind, func, chunk) for chunk in _chunks(iterable, max(chunksize, 1))]
         flatten = lambda values: list(itertools.chain.from_iterable(values))  # noqa: E731
         return self._track(AsyncResult(self, calls, callback, error_callback, flatten))
 
     def map(self, func: Callable, iterable: Iterable, chunksize: Optional[int] = None) -> list:
-        return self._map_async(func, iterable, _worker.map_chunk, chunksize, None, None).get()
+        return self._map_async(func, iterable, _worker.MAP, chunksize, None, None).get()
 
     def map_async(self, func: Callable, iterable: Iterable, chunksize: Optional[int] = None,
                   callback: Optional[Callable] = None, error_callback: Optional[Callable] = None) -> AsyncResult:
-        return self._map_async(func, iterable, _worker.map_chunk, chunksize, callback, error_callback)
+        return self._map_async(func, iterable, _worker.MAP, chunksize, callback, error_callback)
 
     def starmap(self, func: Callable, iterable: Iterable, chunksize: Optional[int] = None) -> list:
-        return self._map_async(func, iterable, _worker.starmap_chunk, chunksize, None, None).get()
+        return self._map_async(func, iterable, _worker.STARMAP, chunksize, None, None).get()
 
     def starmap_async(self, func: Callable, iterable: Iterable, chunksize: Optional[int] = None,
                       callback: Optional[Callable] = None, error_callback: Optional[Callable] = None) -> AsyncResult:
-        return self._map_async(func, iterable, _worker.starmap_chunk, chunksize, callback, error_callback)
+        return self._map_async(func, iterable, _worker.STARMAP, chunksize, callback, error_callback)
 
     def imap(self, func: Callable, iterable: Iterable, chunksize: int = 1) -> IMapIterator:
         self._check_running()
         if chunksize < 1:
             raise ValueError(f"Chunksize must be 1+, not {chunksize:n}")
-        return IMapIterator(self, func, iterable, chunksize, True, _worker.map_chunk)
+        return IMapIterator(self, func, iterable, chunksize, True)
 
     def imap_unordered(self, func: Callable, iterable: Iterable, chunksize: int = 1) -> IMapIterator:
         self._check_running()
         if chunksize < 1:
             raise ValueError(f"Chunksize must be 1+, not {chunksize:n}")
-        return IMapIterator(self, func, iterable, chunksize, False, _worker.map_chunk)
+        return IMapIterator(self, func, iterable, chunksize, False)
 
     def close(self) -> None:
         if self._state == _RUN:

@@ -13,7 +13,7 @@ import torch
 
 import forkpool
 
-pytestmark = pytest.mark.parametrize("start_method", ["fork", "forkserver"])
+pytestmark = pytest.mark.parametrize("start_method", ["fork", "forkserver", "spawn"])
 
 
 def square(x):
