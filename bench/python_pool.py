@@ -1,11 +1,15 @@
 """forkpool.Pool against multiprocessing.Pool (fork context) and torch.multiprocessing's Pool, in
-one run, on Debian's python3: ratios, as issue 60 asks for them.
+one run, on Debian's python3: ratios, as issue 60 asks for them. With the path of a built
+bench/pool_bench, also the cost of the binding: Python's apply round trip against C++'s.
 
-    PYTHONPATH=build/python /usr/bin/python3 bench/python_pool.py
+    PYTHONPATH=build/python /usr/bin/python3 bench/python_pool.py [build-release/bench/pool_bench]
 """
 
+import json
 import multiprocessing
 import statistics
+import subprocess
+import sys
 import time
 
 import torch
@@ -40,7 +44,7 @@ def apply_round_trip(pool, n=2000):
     return per_call(run)
 
 
-def many_async(pool, n=20000):
+def many_async(pool, n=100_000):
     def run():
         results = [pool.apply_async(noop, (i,)) for i in range(n)]
         for r in results:
@@ -49,7 +53,7 @@ def many_async(pool, n=20000):
     return per_call(run, 3)
 
 
-def imap_chunk1(pool, n=20000):
+def imap_chunk1(pool, n=100_000):
     def run():
         for _ in pool.imap(noop, range(n), chunksize=1):
             pass
@@ -70,8 +74,8 @@ def main():
     fork = multiprocessing.get_context("fork")
     rows = []
     with forkpool.Pool(2) as ours, fork.Pool(2) as cpython:
-        for name, measure in (("apply round trip", apply_round_trip), ("apply_async x20000", many_async),
-                              ("imap chunksize=1 x20000", imap_chunk1)):
+        for name, measure in (("apply round trip", apply_round_trip), ("apply_async x100000", many_async),
+                              ("imap chunksize=1 x100000", imap_chunk1)):
             theirs, mine = measure(cpython), measure(ours)
             rows.append((name, "multiprocessing.Pool", theirs, mine))
     with forkpool.Pool(2) as ours, tmp.get_context("fork").Pool(2) as torch_pool:
@@ -79,6 +83,13 @@ def main():
             theirs = tensor_round_trip(torch_pool, nbytes, n)
             mine = tensor_round_trip(ours, nbytes, n)
             rows.append((f"tensor round trip {nbytes >> 10} KiB", "torch.multiprocessing.Pool", theirs, mine))
+    if len(sys.argv) > 1:  # the binding's cost: C++'s own round trip (2 workers, as above)
+        with forkpool.Pool(2) as ours:
+            python = apply_round_trip(ours)
+        out = subprocess.run([sys.argv[1], "--benchmark_filter=^BM_ApplyAsyncRoundTrip/0/", "--benchmark_format=json",
+                              "--benchmark_min_time=0.5"], capture_output=True, text=True, check=True).stdout
+        cpp = json.loads(out)["benchmarks"][0]["real_time"] * 1e-9
+        rows.append(("apply round trip: binding cost", "forkpool.Pool vs C++ Pool", python, cpp))
     print(f"{'case':32} {'peer':28} {'peer us':>10} {'forkpool us':>12} {'ratio':>7}")
     for name, peer, theirs, mine in rows:
         print(f"{name:32} {peer:28} {theirs * 1e6:10.1f} {mine * 1e6:12.1f} {theirs / mine:6.1f}x")

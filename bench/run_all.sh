@@ -51,6 +51,12 @@ if [ -d "$anchors" ]; then
     bash "$anchors/latency/run.sh" "$out/latency" | tee "$out/latency.txt" >&2
   fi
 fi
+if [ -d "$build/python/forkpool" ]; then
+  echo "== forkpool for Python against CPython's and torch's pools, DataLoader, Executor" >&2
+  PYTHONPATH="$build/python" /usr/bin/python3 "$(dirname "$0")/python_pool.py" "$build/bench/pool_bench" \
+    | tee "$out/python_pool.txt" >&2
+  PYTHONPATH="$build/python" /usr/bin/python3 "$(dirname "$0")/python_data.py" | tee "$out/python_data.txt" >&2
+fi
 if [ -x "$build/bench/mpi_bench" ] && command -v mpirun >/dev/null; then
   echo "== mpi_bench and mpi4py.futures (3 ranks, each its own node)" >&2
   mpi_flags=()

@@ -190,6 +190,73 @@ class CallResult {
   fp::AsyncResult<Message> result_;
 };
 
+// apply_async's result when it has no callbacks (forkpool.pool.ApplyResult's methods, in C++:
+// no Python frame per call and no object for Python's collector to scan). The answer is
+// unpickled once, by the first ready(), wait() or get() that finds it.
+class ApplyResult {
+ public:
+  explicit ApplyResult(fp::AsyncResult<Message> result) : result_(std::move(result)) {}
+
+  bool ready() { return settled(); }
+  void wait(std::optional<double> timeout) {
+    if (!settled() && wait_until_ready([this] { return result_.ready(); }, timeout, "forkpool AsyncResult.wait"))
+      settled();
+  }
+  // The task's value; raises its exception, what the pool says went wrong (WorkerLost...), or
+  // multiprocessing.TimeoutError when `timeout` passes first.
+  py::object get(std::optional<double> timeout) {
+    if (!settled()) {
+      if (!wait_until_ready([this] { return result_.ready(); }, timeout, "forkpool AsyncResult.get")) {
+        static py::handle timeout_error = py::object(py::module_::import("multiprocessing").attr("TimeoutError")).release();
+        PyErr_SetNone(timeout_error.ptr());
+        throw py::error_already_set();
+      }
+      settled();
+    }
+    if (failure_) std::rethrow_exception(failure_);
+    if (!ok_) {
+      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(value_.ptr())), value_.ptr());
+      throw py::error_already_set();
+    }
+    return value_;
+  }
+  bool successful() {
+    if (!settled()) throw py::value_error("<forkpool ApplyResult> not ready");
+    return !failure_ && ok_;
+  }
+  void cancel() { result_.cancel(); }
+
+ private:
+  bool settled() {
+    if (settled_) return true;
+    if (!result_.ready()) return false;
+    settled_ = true;
+    Message answer;
+    try {
+      answer = result_.get(std::chrono::nanoseconds::zero());
+    } catch (...) {
+      failure_ = std::current_exception();
+      return true;
+    }
+    static py::handle outcome_of = worker_function("outcome_of");
+    try {
+      py::tuple outcome = outcome_of(py::bytes(answer.first), std::move(answer.second));
+      ok_ = outcome[0].cast<bool>();
+      value_ = outcome[1];
+    } catch (py::error_already_set& error) {  // the answer would not unpickle: get() raises that
+      ok_ = false;
+      value_ = error.value();
+    }
+    return true;
+  }
+
+  fp::AsyncResult<Message> result_;
+  bool settled_ = false;
+  bool ok_ = false;
+  py::object value_;  // the value, or the exception (its __cause__ the worker's traceback)
+  std::exception_ptr failure_;
+};
+
 class CorePool {
  public:
   CorePool(int processes, int maxtasksperchild, std::optional<py::bytes> setup, const std::string& start_method,
@@ -208,8 +275,11 @@ class CorePool {
   }
 
   CallResult submit(int kind, const py::bytes& function, const py::bytes& argument, std::vector<at::Tensor> tensors) {
-    return CallResult(pool().apply_async(run_call, Call{kind, std::string(function), std::string(argument),
-                                                        std::move(tensors)}));
+    return CallResult(send(kind, function, argument, std::move(tensors)));
+  }
+  // submit() for apply_async without callbacks.
+  ApplyResult apply(int kind, const py::bytes& function, const py::bytes& argument, std::vector<at::Tensor> tensors) {
+    return ApplyResult(send(kind, function, argument, std::move(tensors)));
   }
   // Whichever of `results` is ready first, by place; None when `timeout` passes first.
   std::optional<std::size_t> wait_any(const std::vector<CallResult*>& results, std::optional<double> timeout) {
@@ -249,6 +319,10 @@ class CorePool {
 
  private:
   fp::Pool& pool() { return *pool_; }
+  fp::AsyncResult<Message> send(int kind, const py::bytes& function, const py::bytes& argument,
+                                std::vector<at::Tensor> tensors) {
+    return pool().apply_async(run_call, Call{kind, std::string(function), std::string(argument), std::move(tensors)});
+  }
   std::optional<fp::Pool> pool_;
   std::optional<fp::Task<void>> joining_;  // declared after pool_: destroyed first
 };
@@ -324,12 +398,20 @@ PYBIND11_MODULE(_forkpool, m) {
       .def("when_ready", &CallResult::when_ready)
       .def("notify_done", &CallResult::notify_done);
 
+  py::class_<ApplyResult>(m, "ApplyResult")
+      .def("ready", &ApplyResult::ready)
+      .def("wait", &ApplyResult::wait, py::arg("timeout") = py::none())
+      .def("get", &ApplyResult::get, py::arg("timeout") = py::none())
+      .def("successful", &ApplyResult::successful)
+      .def("cancel", &ApplyResult::cancel);
+
   py::class_<CorePool>(m, "CorePool")
       .def(py::init<int, int, std::optional<py::bytes>, const std::string&, int, double, std::uint64_t,
                     std::optional<double>>(),
            py::arg("processes"), py::arg("maxtasksperchild"), py::arg("setup"), py::arg("start_method"),
            py::arg("max_retries"), py::arg("task_timeout"), py::arg("seed"), py::arg("spin"))
       .def("submit", &CorePool::submit)
+      .def("apply", &CorePool::apply)
       .def("wait_any", &CorePool::wait_any, py::arg("results"), py::arg("timeout") = py::none())
       .def("take_done", &CorePool::take_done, py::arg("done"), py::arg("timeout") = py::none())
       .def("close", &CorePool::close)

@@ -47,6 +47,8 @@ def _describe(error: BaseException) -> tuple:
 
 
 def _answer(outcome: tuple) -> tuple[bytes, list]:
+    if _pickling.is_plain(outcome[1]):
+        return pickle.dumps(outcome, 5), []
     try:
         return _pickling.dumps(outcome)
     except Exception as error:  # the result (or the exception) cannot be pickled
@@ -71,6 +73,17 @@ def run(kind: int, function: bytes, data: bytes, tensors: list) -> tuple[bytes, 
     except BaseException as error:  # noqa: B036 - a task's SystemExit is its outcome too
         outcome = _describe(error)
     return _answer(outcome)
+
+
+def outcome_of(data: bytes, tensors: list) -> tuple:
+    """In the caller: an answer as (True, value) or (False, exception), the exception's
+    __cause__ the worker's traceback (as CPython attaches it)."""
+    outcome = _pickling.loads(data, tensors)
+    if outcome[0] == "ok":
+        return (True, outcome[1])
+    if outcome[2]:
+        outcome[1].__cause__ = RemoteTraceback(outcome[2])
+    return (False, outcome[1])
 
 
 def initialize(data: bytes) -> None:

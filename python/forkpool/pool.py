@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 
 from . import _forkpool, _pickling, _spawn, _worker
 
-__all__ = ["Pool", "AsyncResult", "MapResult", "IMapIterator", "TimeoutError", "WorkerLost"]
+__all__ = ["Pool", "AsyncResult", "ApplyResult", "MapResult", "IMapIterator", "TimeoutError", "WorkerLost"]
 
 TimeoutError = multiprocessing.TimeoutError
 WorkerLost = _forkpool.WorkerLost
@@ -48,7 +48,7 @@ class AsyncResult:
         self._unpack = unpack  # None: the one call's value itself
         self._callback = callback
         self._error_callback = error_callback
-        self._outcome: Optional[tuple] = None  # ("ok", value) or ("error", exception, tb)
+        self._outcome: Optional[tuple] = None  # ("ok", value) or ("error", exception)
         self._left = len(calls)
         if not calls:
             self._settle()
@@ -71,11 +71,9 @@ class AsyncResult:
         try:
             data, tensors = call.get()
         except BaseException as error:  # WorkerLost, PoolTerminated, Cancelled...
-            return ("error", error, "")
-        outcome = _pickling.loads(data, tensors)
-        if outcome[0] == "error" and outcome[2]:  # the worker's traceback, as CPython attaches it
-            outcome[1].__cause__ = _worker.RemoteTraceback(outcome[2])
-        return outcome
+            return ("error", error)
+        ok, value = _worker.outcome_of(data, tensors)
+        return ("ok", value) if ok else ("error", value)
 
     def _settle(self) -> None:
         if self._outcome is not None:
@@ -98,7 +96,7 @@ class AsyncResult:
                 try:
                     self._outcome = ("ok", self._unpack(values))
                 except BaseException as error:
-                    self._outcome = ("error", error, "")
+                    self._outcome = ("error", error)
         if self._callback is None and self._error_callback is None:
             return
         self._pool._settled(self)
@@ -149,7 +147,9 @@ class AsyncResult:
             call.cancel()
 
 
-ApplyResult = AsyncResult
+# apply_async's result without callbacks: AsyncResult's methods in C++ (ready, wait, get,
+# successful, cancel), with no Python frame per call and nothing for the collector to scan.
+ApplyResult = _forkpool.ApplyResult
 MapResult = AsyncResult
 
 
@@ -299,13 +299,19 @@ class Pool:
 
     def _submit(self, kind: int, func: Callable, argument: Any) -> Any:
         """Sends func's call (_worker.CALL, MAP or STARMAP) on `argument`; its CallResult."""
+        return self._core.submit(*self._pickle_call(kind, func, argument))
+
+    @staticmethod
+    def _pickle_call(kind: int, func: Callable, argument: Any) -> tuple:
+        """What a call sends: (kind, the function's kept pickle or b"", the pickle of the argument,
+        or of the function and the argument, the tensors it names)."""
         function = _pickling.pickled_function(func)
         if function is None:
-            data, tensors = _pickling.dumps((func, argument))
-            function = b""
-        else:
-            data, tensors = _pickling.dumps(argument)
-        return self._core.submit(kind, function, data, tensors)
+            return (kind, b"", *_pickling.dumps((func, argument)))
+        # apply(f, (1, "a")), imap(f, range(n)): plain values, pickled by pickle itself.
+        if _pickling.is_plain(argument[0]) and not argument[1] if kind == _worker.CALL else _pickling.is_plain(argument):
+            return (kind, function, pickle.dumps(argument, 5), [])
+        return (kind, function, *_pickling.dumps(argument))
 
     def _settled(self, result: AsyncResult) -> None:
         self._pending.discard(result)
@@ -322,9 +328,10 @@ class Pool:
                     error_callback: Optional[Callable] = None) -> AsyncResult:
         if self._state != _RUN:
             raise ValueError("Pool not running")
+        if callback is None and error_callback is None:
+            return self._core.apply(*self._pickle_call(_worker.CALL, func, (args, kwds)))
         call = self._submit(_worker.CALL, func, (args, kwds))
-        result = AsyncResult(self, [call], callback, error_callback, None)
-        return result if callback is None and error_callback is None else self._track(result)
+        return self._track(AsyncResult(self, [call], callback, error_callback, None))
 
     def _map_async(self, func: Callable, iterable: Iterable, kind: int, chunksize: Optional[int],
                    callback: Optional[Callable], error_callback: Optional[Callable]) -> AsyncResult:
