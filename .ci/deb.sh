@@ -3,7 +3,7 @@
 # lintian (no error, no warning that is not overridden with a reason), unpacks them into a scratch
 # root with dpkg -x (the machine's own packages are not touched), and builds and runs the consumer
 # project against that root only (tests/install/consume.sh: pkg-config and CMake, with the
-# optional parts built). Output in build-deb/.
+# optional parts built) and the Python package (tests/install/consume_python.sh). Output in build-deb/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source_dir=$(pwd)
@@ -36,4 +36,5 @@ done
 [ -n "$(ls "$work"/libforkpool-mpi-dev_*.deb 2>/dev/null)" ] && components+=(mpi)
 [ -n "$(ls "$work"/libforkpool-torch-dev_*.deb 2>/dev/null)" ] && components+=(torch)
 bash tests/install/consume.sh "$work/root" "$source_dir" "${CXX:-g++}" "${components[@]}"
+if [ -n "$(ls "$work"/python3-forkpool_*.deb 2>/dev/null)" ]; then bash tests/install/consume_python.sh "$work/root"; fi
 echo "deb: packages built, lintian clean, consumer built and run against them"
