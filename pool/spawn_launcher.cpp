@@ -150,8 +150,8 @@ class SpawnLauncher final : public Launcher {
       std::vector<int> fds{channel.get()};
       if (int tracker = name_tracker_socket(); tracker >= 0) fds.push_back(tracker);
       ours.send(kBootstrap, 0,
-                encode(Bootstrap(index, getpid(), spec_.maxtasksperchild, initializer, spec_.process_name,
-                                 with_bytes, spec_.initializer.bytes(), std::move(records)))
+                encode(Bootstrap(index, getpid(), spec_.maxtasksperchild, initializer, spec_.process_name, with_bytes,
+                                 spec_.initializer.bytes(), std::move(records)))
                     .bytes(),
                 fds);
     } catch (...) {

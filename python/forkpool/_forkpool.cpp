@@ -207,7 +207,8 @@ class ApplyResult {
   py::object get(std::optional<double> timeout) {
     if (!settled()) {
       if (!wait_until_ready([this] { return result_.ready(); }, timeout, "forkpool AsyncResult.get")) {
-        static py::handle timeout_error = py::object(py::module_::import("multiprocessing").attr("TimeoutError")).release();
+        static py::handle timeout_error =
+            py::object(py::module_::import("multiprocessing").attr("TimeoutError")).release();
         PyErr_SetNone(timeout_error.ptr());
         throw py::error_already_set();
       }
