@@ -18,11 +18,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -318,14 +320,159 @@ class CorePool {
   int processes() { return pool().processes(); }
   std::vector<pid_t> worker_pids() { return pool().worker_pids(); }
 
+  // Sends a call (see Call).
+  fp::AsyncResult<Message> send(int kind, std::string function, std::string argument, std::vector<at::Tensor> tensors) {
+    return pool().apply_async(run_call, Call{kind, std::move(function), std::move(argument), std::move(tensors)});
+  }
+
  private:
   fp::Pool& pool() { return *pool_; }
-  fp::AsyncResult<Message> send(int kind, const py::bytes& function, const py::bytes& argument,
-                                std::vector<at::Tensor> tensors) {
-    return pool().apply_async(run_call, Call{kind, std::string(function), std::string(argument), std::move(tensors)});
-  }
   std::optional<fp::Pool> pool_;
   std::optional<fp::Task<void>> joining_;  // declared after pool_: destroyed first
+};
+
+// Whether pickle.dumps alone may pickle `chunk` (a list): its items are all int, float, str,
+// bytes, bool or None, whose pickles never hold a tensor or a buffer (forkpool._pickling.is_plain).
+bool is_plain_list(const py::list& chunk) {
+  for (py::handle item : chunk) {
+    PyObject* o = item.ptr();
+    if (!(PyLong_CheckExact(o) || PyFloat_CheckExact(o) || PyUnicode_CheckExact(o) || PyBytes_CheckExact(o) ||
+          PyBool_Check(o) || o == Py_None))
+      return false;
+  }
+  return true;
+}
+
+// imap's and imap_unordered's results (forkpool.IMapIterator): the input is read as the workers
+// take it, at most `window` calls (chunks) ahead of what was handed out; CPython's reads it all
+// at once. What the input raises is raised in its place: after the results before it (imap), or
+// at once (imap_unordered, as CPython's). Pool thread only, as the pool.
+class IMapIterator {
+ public:
+  IMapIterator(py::object core, int kind, std::string function, py::function pickle_chunk, py::iterator input,
+               std::size_t chunksize, bool ordered, std::size_t window)
+      : core_object_(std::move(core)),
+        core_(core_object_.cast<CorePool*>()),
+        kind_(kind),
+        function_(std::move(function)),
+        pickle_chunk_(std::move(pickle_chunk)),
+        input_(std::move(input)),
+        chunksize_(chunksize),
+        ordered_(ordered),
+        window_(window) {
+    fill();
+  }
+
+  // The next value; StopIteration at the end, multiprocessing.TimeoutError when `timeout` passes
+  // first, or what the call raised.
+  py::object next(std::optional<double> timeout) {
+    while (handed_out_ >= values_.size()) {
+      fp::AsyncResult<Message> call = next_call(timeout);
+      fill();
+      Message answer = call.get(std::chrono::nanoseconds::zero());  // raises WorkerLost...
+      static py::handle outcome_of = worker_function("outcome_of");
+      py::tuple outcome = outcome_of(py::bytes(answer.first), std::move(answer.second));
+      if (!outcome[0].cast<bool>()) {
+        PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(outcome[1].ptr())), outcome[1].ptr());
+        throw py::error_already_set();
+      }
+      values_ = outcome[1].cast<py::list>();
+      handed_out_ = 0;
+    }
+    return values_[handed_out_++];
+  }
+
+ private:
+  std::size_t in_flight() const { return ordered_ ? pending_.size() : running_.size(); }
+
+  void fill() {
+    static py::handle dumps = py::object(py::module_::import("pickle").attr("dumps")).release();
+    while (!exhausted_ && in_flight() < window_) {
+      py::list chunk;
+      for (std::size_t i = 0; i < chunksize_; ++i) {
+        PyObject* item = PyIter_Next(input_.ptr());
+        if (!item) break;
+        chunk.append(py::reinterpret_steal<py::object>(item));
+      }
+      if (PyErr_Occurred()) {  // the input raised: its place is after the calls sent (a partial chunk is dropped)
+        input_error_ = py::error_already_set().value();
+        exhausted_ = true;
+        return;
+      }
+      if (chunk.empty()) {
+        exhausted_ = true;
+        return;
+      }
+      std::string data;
+      std::vector<at::Tensor> tensors;
+      if (!function_.empty() && is_plain_list(chunk)) {
+        data = dumps(chunk, 5).cast<std::string>();
+      } else {
+        py::tuple pickled = pickle_chunk_(chunk);
+        data = pickled[0].cast<std::string>();
+        tensors = pickled[1].cast<std::vector<at::Tensor>>();
+      }
+      fp::AsyncResult<Message> call = core_->send(kind_, function_, std::move(data), std::move(tensors));
+      if (ordered_) {
+        pending_.push_back(std::move(call));
+      } else {
+        std::uint64_t token = next_token_++;
+        call.add_done_callback(
+            [finished = finished_, token](fp::AsyncResult<Message>&) { finished->push_back(token); });
+        running_.emplace(token, std::move(call));
+      }
+    }
+  }
+
+  fp::AsyncResult<Message> next_call(std::optional<double> timeout) {
+    if (ordered_) {
+      if (pending_.empty()) raise_input_error_or_stop();
+      fp::AsyncResult<Message>& front = pending_.front();
+      if (!wait_until_ready([&] { return front.ready(); }, timeout, "forkpool IMapIterator.next")) raise_timeout();
+      fp::AsyncResult<Message> call = std::move(front);
+      pending_.pop_front();
+      return call;
+    }
+    if (input_error_ || running_.empty()) raise_input_error_or_stop();  // CPython's: the error comes first
+    if (!wait_until_ready([&] { return !finished_->empty(); }, timeout, "forkpool IMapIterator.next")) raise_timeout();
+    auto found = running_.find(finished_->front());
+    finished_->pop_front();
+    fp::AsyncResult<Message> call = std::move(found->second);
+    running_.erase(found);
+    return call;
+  }
+
+  [[noreturn]] void raise_input_error_or_stop() {
+    py::object error = std::exchange(input_error_, py::object());
+    if (error) {
+      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())), error.ptr());
+      throw py::error_already_set();
+    }
+    throw py::stop_iteration();
+  }
+  [[noreturn]] static void raise_timeout() {
+    static py::handle timeout_error = py::object(py::module_::import("multiprocessing").attr("TimeoutError")).release();
+    PyErr_SetNone(timeout_error.ptr());
+    throw py::error_already_set();
+  }
+
+  py::object core_object_;  // keeps the pool alive while its results are awaited
+  CorePool* core_;
+  int kind_;
+  std::string function_;
+  py::function pickle_chunk_;
+  py::iterator input_;
+  std::size_t chunksize_;
+  bool ordered_;
+  std::size_t window_;
+  bool exhausted_ = false;
+  py::object input_error_;
+  std::deque<fp::AsyncResult<Message>> pending_;                         // imap: the calls, in input order
+  std::unordered_map<std::uint64_t, fp::AsyncResult<Message>> running_;  // imap_unordered: by token
+  std::shared_ptr<std::deque<std::uint64_t>> finished_ = std::make_shared<std::deque<std::uint64_t>>();
+  std::uint64_t next_token_ = 0;
+  py::list values_;  // the chunk being handed out
+  std::size_t handed_out_ = 0;
 };
 
 // forkpool.Queue's core: a forkpool Queue of messages. A process forked after it was made (a
@@ -406,6 +553,11 @@ PYBIND11_MODULE(_forkpool, m) {
       .def("successful", &ApplyResult::successful)
       .def("cancel", &ApplyResult::cancel);
 
+  py::class_<IMapIterator>(m, "IMapIterator")
+      .def("__iter__", [](py::object self) { return self; })
+      .def("__next__", [](IMapIterator& self) { return self.next(std::nullopt); })
+      .def("next", &IMapIterator::next, py::arg("timeout") = py::none());
+
   py::class_<CorePool>(m, "CorePool")
       .def(py::init<int, int, std::optional<py::bytes>, const std::string&, int, double, std::uint64_t,
                     std::optional<double>>(),
@@ -413,6 +565,15 @@ PYBIND11_MODULE(_forkpool, m) {
            py::arg("max_retries"), py::arg("task_timeout"), py::arg("seed"), py::arg("spin"))
       .def("submit", &CorePool::submit)
       .def("apply", &CorePool::apply)
+      .def(
+          "imap",
+          [](py::object core, int kind, std::string function, py::function pickle_chunk, py::iterator input,
+             std::size_t chunksize, bool ordered, std::size_t window) {
+            return IMapIterator(std::move(core), kind, std::move(function), std::move(pickle_chunk), std::move(input),
+                                chunksize, ordered, window);
+          },
+          py::arg("kind"), py::arg("function"), py::arg("pickle_chunk"), py::arg("input"), py::arg("chunksize"),
+          py::arg("ordered"), py::arg("window"))
       .def("wait_any", &CorePool::wait_any, py::arg("results"), py::arg("timeout") = py::none())
       .def("take_done", &CorePool::take_done, py::arg("done"), py::arg("timeout") = py::none())
       .def("close", &CorePool::close)

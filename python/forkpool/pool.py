@@ -12,7 +12,6 @@ A task whose worker dies fails alone with WorkerLost; the pool starts a new work
 
 from __future__ import annotations
 
-import collections
 import itertools
 import multiprocessing
 import os
@@ -153,87 +152,10 @@ ApplyResult = _forkpool.ApplyResult
 MapResult = AsyncResult
 
 
-class IMapIterator:
-    """imap's and imap_unordered's results: the input is read as the workers take it, up to
-    _IMAP_WINDOW calls ahead of the results handed out (CPython reads it all at once)."""
-
-    def __init__(self, pool: "Pool", func: Callable, iterable: Iterable, chunksize: int, ordered: bool) -> None:
-        self._pool = pool
-        self._func = func
-        self._chunks = _chunks(iterable, chunksize)
-        self._ordered = ordered
-        self._pending: collections.deque = collections.deque()  # ordered: the calls, in input order
-        self._running: dict = {}  # unordered: the calls by token, told as they finish (notify_done)
-        self._tokens = itertools.count()
-        self._done = _forkpool.DoneTokens()
-        self._finished: collections.deque = collections.deque()  # unordered: tokens told, not taken
-        self._input_error: Optional[BaseException] = None  # what the input raised, after the calls sent
-        self._ready: list = []  # values of the chunk being handed out, last first
-        self._exhausted = False
-        self._fill()
-
-    def _in_flight(self) -> int:
-        return len(self._pending) if self._ordered else len(self._running)
-
-    def _fill(self) -> None:
-        while not self._exhausted and self._in_flight() < _IMAP_WINDOW:
-            try:
-                chunk = next(self._chunks, None)
-            except Exception as error:  # the input raised: at its place in the results, as CPython
-                self._exhausted = True
-                self._input_error = error
-                return
-            if chunk is None:
-                self._exhausted = True
-                return
-            call = self._pool._submit(_worker.MAP, self._func, chunk)
-            if self._ordered:
-                self._pending.append(call)
-            else:
-                token = next(self._tokens)
-                call.notify_done(self._done, token)
-                self._running[token] = call
-
-    def __iter__(self) -> "IMapIterator":
-        return self
-
-    def next(self, timeout: Optional[float] = None) -> Any:
-        while not self._ready:
-            call = self._next_call(timeout)
-            self._fill()
-            outcome = AsyncResult._peek(call)
-            if outcome[0] != "ok":
-                raise outcome[1]
-            self._ready = outcome[1][::-1]
-        return self._ready.pop()
-
-    __next__ = next
-
-    def _next_call(self, timeout: Optional[float]) -> Any:
-        """The next call whose chunk is handed out, once ready; raises StopIteration at the end,
-        the input's error in its place, TimeoutError."""
-        if self._ordered:
-            if not self._pending:
-                self._raise_input_error()
-            call = self._pending[0]
-            if not call.wait(timeout):
-                raise TimeoutError
-            return self._pending.popleft()
-        if self._input_error is not None or not self._running:  # CPython's: the error comes first
-            self._raise_input_error()
-        while not self._finished:
-            finished = self._pool._core.take_done(self._done, timeout)
-            if not finished:
-                raise TimeoutError
-            self._finished.extend(finished)
-        return self._running.pop(self._finished.popleft())
-
-    def _raise_input_error(self) -> None:
-        error, self._input_error = self._input_error, None
-        if error is not None:
-            raise error
-        raise StopIteration
-
+# imap's and imap_unordered's results, in C++ (the input read as the workers take it, up to
+# _IMAP_WINDOW calls ahead of the results handed out; CPython reads it all at once): __next__ and
+# next(timeout).
+IMapIterator = _forkpool.IMapIterator
 
 # How many calls imap keeps sent ahead of what was handed out: enough that a worker never waits
 # for the next while the parent hands results out.
@@ -363,16 +285,21 @@ class Pool:
         return self._map_async(func, iterable, _worker.STARMAP, chunksize, callback, error_callback)
 
     def imap(self, func: Callable, iterable: Iterable, chunksize: int = 1) -> IMapIterator:
-        self._check_running()
-        if chunksize < 1:
-            raise ValueError(f"Chunksize must be 1+, not {chunksize:n}")
-        return IMapIterator(self, func, iterable, chunksize, True)
+        return self._imap(func, iterable, chunksize, True)
 
     def imap_unordered(self, func: Callable, iterable: Iterable, chunksize: int = 1) -> IMapIterator:
+        return self._imap(func, iterable, chunksize, False)
+
+    def _imap(self, func: Callable, iterable: Iterable, chunksize: int, ordered: bool) -> IMapIterator:
         self._check_running()
         if chunksize < 1:
             raise ValueError(f"Chunksize must be 1+, not {chunksize:n}")
-        return IMapIterator(self, func, iterable, chunksize, False)
+        function = _pickling.pickled_function(func)
+        if function is None:  # pickled with each chunk
+            return self._core.imap(_worker.MAP, b"", lambda chunk: _pickling.dumps((func, chunk)), iter(iterable),
+                                   chunksize, ordered, _IMAP_WINDOW)
+        return self._core.imap(_worker.MAP, function, _pickling.dumps, iter(iterable), chunksize, ordered,
+                               _IMAP_WINDOW)
 
     def close(self) -> None:
         if self._state == _RUN:
