@@ -260,6 +260,26 @@ class ApplyResult {
   std::exception_ptr failure_;
 };
 
+// Whether pickle.dumps alone may pickle `values` (a list or a tuple): its items are all int,
+// float, str, bytes, bool or None, whose pickles never hold a tensor or a buffer
+// (forkpool._pickling.is_plain).
+template <class Sequence>
+bool is_plain_sequence(const Sequence& values) {
+  for (py::handle item : values) {
+    PyObject* o = item.ptr();
+    if (!(PyLong_CheckExact(o) || PyFloat_CheckExact(o) || PyUnicode_CheckExact(o) || PyBytes_CheckExact(o) ||
+          PyBool_Check(o) || o == Py_None))
+      return false;
+  }
+  return true;
+}
+
+// pickle.dumps(obj, 5).
+std::string pickle_plain(const py::handle& obj) {
+  static py::handle dumps = py::object(py::module_::import("pickle").attr("dumps")).release();
+  return dumps(obj, 5).cast<std::string>();
+}
+
 class CorePool {
  public:
   CorePool(int processes, int maxtasksperchild, std::optional<py::bytes> setup, const std::string& start_method,
@@ -280,10 +300,32 @@ class CorePool {
   CallResult submit(int kind, const py::bytes& function, const py::bytes& argument, std::vector<at::Tensor> tensors) {
     return CallResult(send(kind, function, argument, std::move(tensors)));
   }
-  // submit() for apply_async without callbacks.
-  ApplyResult apply(int kind, const py::bytes& function, const py::bytes& argument, std::vector<at::Tensor> tensors) {
-    return ApplyResult(send(kind, function, argument, std::move(tensors)));
+  // apply_async(func, args, kwds) without callbacks, pickled here: a function pickled by
+  // reference as its kept pickle, plain arguments by pickle.dumps, anything else by
+  // forkpool._pickling (as Pool._pickle_call does it).
+  ApplyResult apply_call(const py::object& func, const py::object& args, const py::object& kwds) {
+    static py::handle pickled_function =
+        py::object(py::module_::import("forkpool._pickling").attr("pickled_function")).release();
+    static py::handle dumps = py::object(py::module_::import("forkpool._pickling").attr("dumps")).release();
+    constexpr int kCall = 0;  // forkpool._worker.CALL
+    std::string function;
+    auto kept = function_pickles_.find(func.ptr());
+    if (kept != function_pickles_.end()) {
+      function = kept->second.second;
+    } else if (py::object pickled = pickled_function(func); !pickled.is_none()) {
+      function = pickled.cast<std::string>();
+      if (function_pickles_.size() >= kFunctionsKept) function_pickles_.clear();
+      function_pickles_.emplace(func.ptr(), std::make_pair(func, function));
+    }
+    py::tuple argument = py::make_tuple(args, kwds);
+    bool plain = PyTuple_CheckExact(args.ptr()) && is_plain_sequence(py::reinterpret_borrow<py::tuple>(args)) &&
+                 (kwds.is_none() || (PyDict_CheckExact(kwds.ptr()) && PyDict_GET_SIZE(kwds.ptr()) == 0));
+    if (!function.empty() && plain) return ApplyResult(send(kCall, std::move(function), pickle_plain(argument), {}));
+    py::tuple pickled = dumps(function.empty() ? py::make_tuple(func, argument) : py::object(argument));
+    return ApplyResult(
+        send(kCall, std::move(function), pickled[0].cast<std::string>(), pickled[1].cast<std::vector<at::Tensor>>()));
   }
+
   // Whichever of `results` is ready first, by place; None when `timeout` passes first.
   std::optional<std::size_t> wait_any(const std::vector<CallResult*>& results, std::optional<double> timeout) {
     std::optional<std::size_t> first;
@@ -327,21 +369,13 @@ class CorePool {
 
  private:
   fp::Pool& pool() { return *pool_; }
+  // The pickles of functions pickled by reference, by function (kept alive here): as
+  // forkpool._pickling's, which says which functions those are.
+  static constexpr std::size_t kFunctionsKept = 4096;
+  std::unordered_map<PyObject*, std::pair<py::object, std::string>> function_pickles_;
   std::optional<fp::Pool> pool_;
   std::optional<fp::Task<void>> joining_;  // declared after pool_: destroyed first
 };
-
-// Whether pickle.dumps alone may pickle `chunk` (a list): its items are all int, float, str,
-// bytes, bool or None, whose pickles never hold a tensor or a buffer (forkpool._pickling.is_plain).
-bool is_plain_list(const py::list& chunk) {
-  for (py::handle item : chunk) {
-    PyObject* o = item.ptr();
-    if (!(PyLong_CheckExact(o) || PyFloat_CheckExact(o) || PyUnicode_CheckExact(o) || PyBytes_CheckExact(o) ||
-          PyBool_Check(o) || o == Py_None))
-      return false;
-  }
-  return true;
-}
 
 // imap's and imap_unordered's results (forkpool.IMapIterator): the input is read as the workers
 // take it, at most `window` calls (chunks) ahead of what was handed out; CPython's reads it all
@@ -386,7 +420,6 @@ class IMapIterator {
   std::size_t in_flight() const { return ordered_ ? pending_.size() : running_.size(); }
 
   void fill() {
-    static py::handle dumps = py::object(py::module_::import("pickle").attr("dumps")).release();
     while (!exhausted_ && in_flight() < window_) {
       py::list chunk;
       for (std::size_t i = 0; i < chunksize_; ++i) {
@@ -405,8 +438,8 @@ class IMapIterator {
       }
       std::string data;
       std::vector<at::Tensor> tensors;
-      if (!function_.empty() && is_plain_list(chunk)) {
-        data = dumps(chunk, 5).cast<std::string>();
+      if (!function_.empty() && is_plain_sequence(chunk)) {
+        data = pickle_plain(chunk);
       } else {
         py::tuple pickled = pickle_chunk_(chunk);
         data = pickled[0].cast<std::string>();
@@ -564,7 +597,7 @@ PYBIND11_MODULE(_forkpool, m) {
            py::arg("processes"), py::arg("maxtasksperchild"), py::arg("setup"), py::arg("start_method"),
            py::arg("max_retries"), py::arg("task_timeout"), py::arg("seed"), py::arg("spin"))
       .def("submit", &CorePool::submit)
-      .def("apply", &CorePool::apply)
+      .def("apply_call", &CorePool::apply_call)
       .def(
           "imap",
           [](py::object core, int kind, std::string function, py::function pickle_chunk, py::iterator input,

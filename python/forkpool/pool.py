@@ -251,7 +251,7 @@ class Pool:
         if self._state != _RUN:
             raise ValueError("Pool not running")
         if callback is None and error_callback is None:
-            return self._core.apply(*self._pickle_call(_worker.CALL, func, (args, kwds)))
+            return self._core.apply_call(func, args, kwds)
         call = self._submit(_worker.CALL, func, (args, kwds))
         return self._track(AsyncResult(self, [call], callback, error_callback, None))
 
