@@ -60,12 +60,76 @@ Message to_message(const py::handle& answer) {
   return {pair[0].cast<std::string>(), pair[1].cast<std::vector<at::Tensor>>()};
 }
 
+// Whether pickle.dumps alone may pickle `values` (a list or a tuple): its items are all int,
+// float, str, bytes, bool or None, whose pickles never hold a tensor or a buffer
+// (forkpool._pickling.is_plain).
+template <class Sequence>
+bool is_plain_sequence(const Sequence& values) {
+  for (py::handle item : values) {
+    PyObject* o = item.ptr();
+    if (!(PyLong_CheckExact(o) || PyFloat_CheckExact(o) || PyUnicode_CheckExact(o) || PyBytes_CheckExact(o) ||
+          PyBool_Check(o) || o == Py_None))
+      return false;
+  }
+  return true;
+}
+
+// pickle.dumps(obj, 5).
+std::string pickle_plain(const py::handle& obj) {
+  static py::handle dumps = py::object(py::module_::import("pickle").attr("dumps")).release();
+  return dumps(obj, 5).cast<std::string>();
+}
+
+// Whether `value` is one of is_plain_sequence's types, or a short tuple or list of them.
+bool is_plain_value(const py::handle& value) {
+  PyObject* o = value.ptr();
+  if (PyTuple_CheckExact(o) || PyList_CheckExact(o))
+    return PySequence_Fast_GET_SIZE(o) <= 8 && is_plain_sequence(py::reinterpret_borrow<py::sequence>(value));
+  return is_plain_sequence(py::make_tuple(value));
+}
+
+// A worker's functions by their pickle, unpickled once (forkpool._worker._function, here for
+// apply's calls).
+py::handle function_of(const std::string& pickled) {
+  static auto& kept = *new std::unordered_map<std::string, py::object>;  // (never destroyed: see register_error)
+  if (auto found = kept.find(pickled); found != kept.end()) return found->second;
+  static py::handle loads = py::object(py::module_::import("pickle").attr("loads")).release();
+  py::object function = loads(py::bytes(pickled));
+  if (kept.size() >= 4096) kept.clear();
+  return kept.emplace(pickled, std::move(function)).first->second;
+}
+
+// apply_async's call of a function pickled by reference, with no tensors: run without a Python
+// frame of ours. Its outcome as forkpool._worker.run gives it; a value that is not plain (it
+// may hold tensors) and an exception are answered by forkpool._worker.
+Message run_plain_call(const std::string& function, const std::string& argument) {
+  static py::handle loads = py::object(py::module_::import("pickle").attr("loads")).release();
+  static py::handle answer = worker_function("answer");
+  py::object value;
+  try {
+    py::tuple job = loads(py::bytes(argument));  // (args, kwds)
+    py::object args = job[0], kwds = job[1];
+    if (!PyTuple_Check(args.ptr())) args = py::tuple(args);
+    PyObject* result = PyObject_Call(function_of(function).ptr(), args.ptr(), kwds.ptr());
+    if (!result) throw py::error_already_set();
+    value = py::reinterpret_steal<py::object>(result);
+  } catch (py::error_already_set& error) {  // its traceback too: the text the caller sees
+    py::object exception = error.value();
+    if (error.trace()) PyException_SetTraceback(exception.ptr(), error.trace().ptr());
+    return to_message(answer(exception, true));
+  }
+  if (is_plain_value(value)) return {pickle_plain(py::make_tuple("ok", value)), {}};
+  return to_message(answer(value, false));
+}
+
 // The task every Python call is: runs in the worker, with the GIL.
 Message run_call(Call call) {
   py::gil_scoped_acquire gil;
   static py::handle run = worker_function("run");
   auto& [kind, function, argument, tensors] = call;
+  constexpr int kCall = 0;  // forkpool._worker.CALL
   try {
+    if (kind == kCall && !function.empty() && tensors.empty()) return run_plain_call(function, argument);
     return to_message(run(kind, py::bytes(function), py::bytes(argument), std::move(tensors)));
   } catch (py::error_already_set& error) {  // forkpool._worker.run catches what a call raises
     throw std::runtime_error(std::string("forkpool._worker.run failed: ") + error.what());
@@ -259,26 +323,6 @@ class ApplyResult {
   py::object value_;  // the value, or the exception (its __cause__ the worker's traceback)
   std::exception_ptr failure_;
 };
-
-// Whether pickle.dumps alone may pickle `values` (a list or a tuple): its items are all int,
-// float, str, bytes, bool or None, whose pickles never hold a tensor or a buffer
-// (forkpool._pickling.is_plain).
-template <class Sequence>
-bool is_plain_sequence(const Sequence& values) {
-  for (py::handle item : values) {
-    PyObject* o = item.ptr();
-    if (!(PyLong_CheckExact(o) || PyFloat_CheckExact(o) || PyUnicode_CheckExact(o) || PyBytes_CheckExact(o) ||
-          PyBool_Check(o) || o == Py_None))
-      return false;
-  }
-  return true;
-}
-
-// pickle.dumps(obj, 5).
-std::string pickle_plain(const py::handle& obj) {
-  static py::handle dumps = py::object(py::module_::import("pickle").attr("dumps")).release();
-  return dumps(obj, 5).cast<std::string>();
-}
 
 class CorePool {
  public:

@@ -86,6 +86,12 @@ def outcome_of(data: bytes, tensors: list) -> tuple:
     return (False, outcome[1])
 
 
+def answer(value: Any, failed: bool) -> tuple[bytes, list]:
+    """The pickled outcome of a call C++ ran (forkpool._forkpool's run_plain_call): `value`, or,
+    when `failed`, the exception it raised (value)."""
+    return _answer(_describe(value) if failed else ("ok", value))
+
+
 def initialize(data: bytes) -> None:
     """A worker's setup, before its first task: data is the pickle of (CPython's spawn preparation
     or None, the pickle of (initializer, initargs) or None)."""
