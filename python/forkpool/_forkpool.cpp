@@ -18,11 +18,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <deque>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <tuple>
 #include <unordered_map>
 #include <utility>
@@ -149,7 +152,10 @@ void after_fork_in_parent() noexcept {
 }
 void after_fork_in_child() noexcept {
   PyOS_AfterFork_Child();
-  PyGILState_Release(fork_gil_state);  // a task takes it again (run_call)
+  // Releases the GIL and keeps the thread state (a task takes it again: run_call). Releasing the
+  // state would delete it when before_fork made it (a fork from a thread Python did not start:
+  // the Executor's), and CPython 3.11 cannot make a new one in a child with none left.
+  PyEval_SaveThread();
 }
 
 fp::StartMethod start_method_of(const std::string& name) {
@@ -324,37 +330,36 @@ class ApplyResult {
   std::exception_ptr failure_;
 };
 
-class CorePool {
- public:
-  CorePool(int processes, int maxtasksperchild, std::optional<py::bytes> setup, const std::string& start_method,
-           int max_retries, double task_timeout, std::uint64_t seed, std::optional<double> spin) {
-    fp::PoolOptions options;
-    options.processes = processes;
-    options.maxtasksperchild = maxtasksperchild;
-    options.start_method = start_method_of(start_method);
-    options.max_retries = max_retries;
-    options.task_timeout = seconds(task_timeout);
-    options.seed = seed;
-    if (spin) options.spin = seconds(*spin);
-    // What forkpool._worker.initialize(setup) raises fails the worker.
-    if (setup) options.initializer = fp::Initializer::with_bytes(&run_python_initializer, std::string(*setup));
-    pool_.emplace(std::move(options));
-  }
+// A pool's options from Python's arguments (seconds as doubles; setup: the pickle
+// forkpool._worker.initialize takes, whose exceptions fail the worker).
+fp::PoolOptions pool_options(int processes, int maxtasksperchild, const std::optional<py::bytes>& setup,
+                             const std::string& start_method, int max_retries, double task_timeout, std::uint64_t seed,
+                             std::optional<double> spin) {
+  fp::PoolOptions options;
+  options.processes = processes;
+  options.maxtasksperchild = maxtasksperchild;
+  options.start_method = start_method_of(start_method);
+  options.max_retries = max_retries;
+  options.task_timeout = seconds(task_timeout);
+  options.seed = seed;
+  if (spin) options.spin = seconds(*spin);
+  if (setup) options.initializer = fp::Initializer::with_bytes(&run_python_initializer, std::string(*setup));
+  return options;
+}
 
-  CallResult submit(int kind, const py::bytes& function, const py::bytes& argument, std::vector<at::Tensor> tensors) {
-    return CallResult(send(kind, function, argument, std::move(tensors)));
-  }
-  // apply_async(func, args, kwds) without callbacks, pickled here: a function pickled by
-  // reference as its kept pickle, plain arguments by pickle.dumps, anything else by
-  // forkpool._pickling (as Pool._pickle_call does it).
-  ApplyResult apply_call(const py::object& func, const py::object& args, const py::object& kwds) {
+// Pickles apply_async's calls, func(*args, **kwds), as Pool._pickle_call does, in C++: a
+// function pickled by reference as its kept pickle (kept here, by the function, held;
+// forkpool._pickling says which functions those are), plain arguments by pickle.dumps, anything
+// else by forkpool._pickling. With the GIL.
+class ApplyCallPickler {
+ public:
+  Call pickle(const py::object& func, const py::object& args, const py::object& kwds) {
     static py::handle pickled_function =
         py::object(py::module_::import("forkpool._pickling").attr("pickled_function")).release();
     static py::handle dumps = py::object(py::module_::import("forkpool._pickling").attr("dumps")).release();
     constexpr int kCall = 0;  // forkpool._worker.CALL
     std::string function;
-    auto kept = function_pickles_.find(func.ptr());
-    if (kept != function_pickles_.end()) {
+    if (auto kept = function_pickles_.find(func.ptr()); kept != function_pickles_.end()) {
       function = kept->second.second;
     } else if (py::object pickled = pickled_function(func); !pickled.is_none()) {
       function = pickled.cast<std::string>();
@@ -364,10 +369,30 @@ class CorePool {
     py::tuple argument = py::make_tuple(args, kwds);
     bool plain = PyTuple_CheckExact(args.ptr()) && is_plain_sequence(py::reinterpret_borrow<py::tuple>(args)) &&
                  (kwds.is_none() || (PyDict_CheckExact(kwds.ptr()) && PyDict_GET_SIZE(kwds.ptr()) == 0));
-    if (!function.empty() && plain) return ApplyResult(send(kCall, std::move(function), pickle_plain(argument), {}));
+    if (!function.empty() && plain) return Call{kCall, std::move(function), pickle_plain(argument), {}};
     py::tuple pickled = dumps(function.empty() ? py::make_tuple(func, argument) : py::object(argument));
-    return ApplyResult(
-        send(kCall, std::move(function), pickled[0].cast<std::string>(), pickled[1].cast<std::vector<at::Tensor>>()));
+    return Call{kCall, std::move(function), pickled[0].cast<std::string>(), pickled[1].cast<std::vector<at::Tensor>>()};
+  }
+
+ private:
+  static constexpr std::size_t kFunctionsKept = 4096;
+  std::unordered_map<PyObject*, std::pair<py::object, std::string>> function_pickles_;
+};
+
+class CorePool {
+ public:
+  CorePool(int processes, int maxtasksperchild, std::optional<py::bytes> setup, const std::string& start_method,
+           int max_retries, double task_timeout, std::uint64_t seed, std::optional<double> spin) {
+    pool_.emplace(
+        pool_options(processes, maxtasksperchild, setup, start_method, max_retries, task_timeout, seed, spin));
+  }
+
+  CallResult submit(int kind, const py::bytes& function, const py::bytes& argument, std::vector<at::Tensor> tensors) {
+    return CallResult(send(kind, function, argument, std::move(tensors)));
+  }
+  // apply_async(func, args, kwds) without callbacks (ApplyCallPickler).
+  ApplyResult apply_call(const py::object& func, const py::object& args, const py::object& kwds) {
+    return ApplyResult(send(pickler_.pickle(func, args, kwds)));
   }
 
   // Whichever of `results` is ready first, by place; None when `timeout` passes first.
@@ -408,15 +433,13 @@ class CorePool {
 
   // Sends a call (see Call).
   fp::AsyncResult<Message> send(int kind, std::string function, std::string argument, std::vector<at::Tensor> tensors) {
-    return pool().apply_async(run_call, Call{kind, std::move(function), std::move(argument), std::move(tensors)});
+    return send(Call{kind, std::move(function), std::move(argument), std::move(tensors)});
   }
+  fp::AsyncResult<Message> send(Call call) { return pool().apply_async(run_call, std::move(call)); }
 
  private:
   fp::Pool& pool() { return *pool_; }
-  // The pickles of functions pickled by reference, by function (kept alive here): as
-  // forkpool._pickling's, which says which functions those are.
-  static constexpr std::size_t kFunctionsKept = 4096;
-  std::unordered_map<PyObject*, std::pair<py::object, std::string>> function_pickles_;
+  ApplyCallPickler pickler_;
   std::optional<fp::Pool> pool_;
   std::optional<fp::Task<void>> joining_;  // declared after pool_: destroyed first
 };
@@ -552,6 +575,198 @@ class IMapIterator {
   std::size_t handed_out_ = 0;
 };
 
+// forkpool.Executor's core: a pool on a C++ thread of its own, whose loop runs there (the pool
+// belongs to it), fed by the program's threads, settling their concurrent.futures.Future objects
+// with the GIL taken once for each batch of finished calls. Its calls are pickled by the thread
+// that submits them.
+//
+// Threads: submit() and shutdown() from any thread, with the GIL. A future is set running only
+// when its result is there (set_running_or_notify_cancel then set_result): until then cancel()
+// succeeds, and the call's result is dropped.
+class CoreExecutor {
+ public:
+  CoreExecutor(int processes, std::optional<py::bytes> setup, const std::string& start_method,
+               std::optional<double> spin)
+      : options_(pool_options(processes, 0, setup, start_method, 0, 0.0, 0, spin)), owner_(getpid()) {
+    thread_ = std::make_unique<std::thread>([this] { serve(); });
+    py::gil_scoped_release nogil;
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [this] { return started_; });
+    if (start_error_) {
+      lock.unlock();
+      thread_->join();
+      std::rethrow_exception(start_error_);
+    }
+  }
+  CoreExecutor(const CoreExecutor&) = delete;
+  CoreExecutor& operator=(const CoreExecutor&) = delete;
+  ~CoreExecutor() {
+    if (getpid() != owner_) {  // a forked child: the thread is the parent's
+      (void)thread_.release();
+      return;
+    }
+    shutdown(true, false);
+  }
+
+  // Sends fn(*args, **kwargs); its outcome settles `future`.
+  void submit(py::object future, const py::object& fn, const py::object& args, const py::object& kwargs) {
+    Call call = pickler_.pickle(fn, args, kwargs);
+    bool wake;
+    {
+      std::lock_guard lock(mutex_);
+      if (stopping_) throw std::runtime_error("cannot schedule new futures after shutdown");
+      wake = submitted_.empty();
+      submitted_.push_back({future.release().ptr(), std::move(call)});
+    }
+    if (wake) loop_->post([this] { send_submitted(); });
+  }
+
+  // Lets the calls sent run to their end (cancel_futures: cancels their futures, and stops their
+  // work); wait: returns once they have, and the workers are gone.
+  void shutdown(bool wait, bool cancel_futures) {
+    {
+      std::lock_guard lock(mutex_);
+      if (!stopping_ && loop_) {
+        stopping_ = true;
+        loop_->post([this, cancel_futures] {
+          stop_requested_ = true;
+          if (cancel_futures) cancel_running();
+        });
+      }
+    }
+    // (Not from the executor's own thread: a future's done callback that shuts it down.)
+    if (wait && thread_ && thread_->joinable() && thread_->get_id() != std::this_thread::get_id()) {
+      py::gil_scoped_release nogil;
+      thread_->join();
+    }
+  }
+
+ private:
+  struct Submitted {
+    PyObject* future;  // a reference of ours, let go of with the GIL
+    Call call;
+  };
+  struct Running {
+    PyObject* future;
+    fp::AsyncResult<Message> result;
+    bool cancelled = false;
+  };
+
+  // The executor's thread: makes the pool, then sends and settles until shut down.
+  void serve() {
+    try {
+      loop_ = &fp::Loop::current();
+      pool_.emplace(options_);
+    } catch (...) {
+      std::lock_guard lock(mutex_);
+      start_error_ = std::current_exception();
+      started_ = true;
+      changed_.notify_all();
+      return;
+    }
+    {
+      std::lock_guard lock(mutex_);
+      started_ = true;
+      changed_.notify_all();
+    }
+    for (;;) {
+      fp::detail::drive_loop_until([this] { return !finished_.empty() || (stop_requested_ && running_.empty()); },
+                                   std::nullopt, "forkpool Executor");
+      if (!finished_.empty()) settle();
+      if (stop_requested_ && running_.empty()) {
+        std::lock_guard lock(mutex_);
+        if (submitted_.empty()) break;
+      }
+    }
+    pool_->close();
+    fp::run(pool_->join());
+    pool_.reset();
+  }
+
+  // On the executor's thread, in a turn of its loop: sends what was submitted.
+  void send_submitted() {
+    std::vector<Submitted> taken;
+    {
+      std::lock_guard lock(mutex_);
+      taken.swap(submitted_);
+    }
+    for (Submitted& s : taken) {
+      std::uint64_t token = next_token_++;
+      fp::AsyncResult<Message> result = pool_->apply_async(run_call, std::move(s.call));
+      result.add_done_callback([this, token](fp::AsyncResult<Message>&) { finished_.push_back(token); });
+      running_.emplace(token, Running{s.future, std::move(result)});
+    }
+  }
+
+  void cancel_running() {
+    for (auto& [token, running] : running_) {
+      running.cancelled = true;
+      running.result.cancel();
+    }
+  }
+
+  // Settles the futures of the calls finished, with the GIL.
+  void settle() {
+    std::vector<std::uint64_t> tokens = std::exchange(finished_, {});
+    py::gil_scoped_acquire gil;
+    static py::handle outcome_of = worker_function("outcome_of");
+    for (std::uint64_t token : tokens) {
+      auto found = running_.find(token);
+      Running running = std::move(found->second);
+      running_.erase(found);
+      py::object future = py::reinterpret_steal<py::object>(running.future);
+      try {
+        if (running.cancelled) future.attr("cancel")();
+        if (!future.attr("set_running_or_notify_cancel")().cast<bool>()) continue;  // cancelled
+        py::object value;
+        bool ok = false;
+        try {
+          Message answer = running.result.get(std::chrono::nanoseconds::zero());
+          py::tuple outcome = outcome_of(py::bytes(answer.first), std::move(answer.second));
+          ok = outcome[0].cast<bool>();
+          value = outcome[1];
+        } catch (py::error_already_set& error) {
+          value = error.value();
+        } catch (...) {  // WorkerLost, PoolTerminated...: as Python raises them
+          value = python_exception(std::current_exception());
+        }
+        future.attr(ok ? "set_result" : "set_exception")(value);
+      } catch (py::error_already_set& error) {  // a done callback's, say: not ours to raise
+        error.discard_as_unraisable("forkpool Executor");
+      }
+    }
+  }
+
+  // The Python exception pybind11's translators make of a C++ one.
+  static py::object python_exception(std::exception_ptr error) {
+    py::cpp_function thrower([error] { std::rethrow_exception(error); });
+    try {
+      thrower();
+    } catch (py::error_already_set& raised) {
+      return raised.value();
+    }
+    return py::none();
+  }
+
+  fp::PoolOptions options_;
+  pid_t owner_;
+  ApplyCallPickler pickler_;
+  std::mutex mutex_;  // guards what other threads touch: submitted_, stopping_, started_, start_error_
+  std::condition_variable changed_;
+  bool started_ = false;
+  std::exception_ptr start_error_;
+  bool stopping_ = false;
+  std::vector<Submitted> submitted_;
+  fp::Loop* loop_ = nullptr;  // the executor thread's, once it runs
+  // The executor thread's own:
+  std::optional<fp::Pool> pool_;
+  bool stop_requested_ = false;
+  std::unordered_map<std::uint64_t, Running> running_;
+  std::vector<std::uint64_t> finished_;
+  std::uint64_t next_token_ = 0;
+  std::unique_ptr<std::thread> thread_;  // last: started in the constructor, after the rest
+};
+
 // forkpool.Queue's core: a forkpool Queue of messages. A process forked after it was made (a
 // Process, a pool's worker) has it too.
 class CoreQueue {
@@ -658,6 +873,12 @@ PYBIND11_MODULE(_forkpool, m) {
       .def("join", &CorePool::join)
       .def_property_readonly("processes", &CorePool::processes)
       .def("worker_pids", &CorePool::worker_pids);
+
+  py::class_<CoreExecutor>(m, "CoreExecutor")
+      .def(py::init<int, std::optional<py::bytes>, const std::string&, std::optional<double>>(), py::arg("processes"),
+           py::arg("setup"), py::arg("start_method"), py::arg("spin"))
+      .def("submit", &CoreExecutor::submit)
+      .def("shutdown", &CoreExecutor::shutdown, py::arg("wait"), py::arg("cancel_futures"));
 
   py::class_<CoreQueue>(m, "CoreQueue")
       .def(py::init<std::size_t>(), py::arg("maxsize"))

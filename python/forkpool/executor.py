@@ -1,12 +1,14 @@
-"""forkpool.Executor: a concurrent.futures.Executor on a forkpool Pool.
+"""forkpool.Executor: a concurrent.futures.Executor on a forkpool pool.
 
 submit() gives a concurrent.futures.Future, so as_completed, wait, asyncio's run_in_executor and
-wrap_future work. A pool belongs to the thread that made it and runs its loop while that thread
-waits; so the Executor's pool lives on a thread of its own, which takes submissions and settles
-futures, while the program's threads submit and wait as they like.
+wrap_future work. The pool lives on a C++ thread of its own (forkpool._forkpool.CoreExecutor),
+whose loop sends the calls and settles their futures, taking the GIL once for each batch of
+finished calls; the program's threads pickle their calls and submit from wherever they are.
 
 A killed worker fails its own future (forkpool.WorkerLost) and the executor goes on, where
-CPython's ProcessPoolExecutor breaks for good (BrokenProcessPool).
+CPython's ProcessPoolExecutor breaks for good (BrokenProcessPool). A future is set running when
+its result is there: until then cancel() succeeds (the call's result is then dropped), and
+shutdown(cancel_futures=True) cancels every future not yet settled and stops its call.
 """
 
 from __future__ import annotations
@@ -14,17 +16,14 @@ from __future__ import annotations
 import concurrent.futures
 import itertools
 import os
-import queue
 import threading
+import weakref
 from typing import Any, Callable, Iterable, Iterator, Optional
 
-from . import _forkpool, _worker
-from .pool import AsyncResult, Pool
+from . import _forkpool
+from .pool import _DEFAULT_SPIN, worker_setup
 
 __all__ = ["Executor"]
-
-# How long the executor's thread drives the pool before it looks for new submissions.
-_POLL = 0.001
 
 
 def _process_chunk(fn: Callable, chunk: list) -> list:
@@ -36,6 +35,19 @@ def _chain_results(chunks: Iterator) -> Iterator:
         yield from chunk
 
 
+# Executors still running at the interpreter's exit: shut down (waiting for their calls) before it
+# finalizes, as CPython's executors are; their threads take the GIL to settle futures.
+_live: "weakref.WeakSet[Executor]" = weakref.WeakSet()
+
+
+def _shutdown_all() -> None:
+    for executor in list(_live):
+        executor.shutdown(wait=True)
+
+
+threading._register_atexit(_shutdown_all)  # (CPython's concurrent.futures does the same)
+
+
 class Executor(concurrent.futures.Executor):
     def __init__(self, max_workers: Optional[int] = None, mp_context: Any = None,
                  initializer: Optional[Callable] = None, initargs: tuple = ()) -> None:
@@ -43,27 +55,28 @@ class Executor(concurrent.futures.Executor):
             max_workers = os.cpu_count() or 1
         if max_workers <= 0:
             raise ValueError("max_workers must be greater than 0")
+        if initializer is not None and not callable(initializer):
+            raise TypeError("initializer must be a callable")
         if mp_context is not None and not isinstance(mp_context, str):
             mp_context = mp_context.get_start_method()
+        start_method = mp_context or "fork"
         self._max_workers = max_workers
-        self._submissions: queue.SimpleQueue = queue.SimpleQueue()
+        self._core = _forkpool.CoreExecutor(processes=max_workers,
+                                            setup=worker_setup(start_method, initializer, initargs),
+                                            start_method=start_method, spin=_DEFAULT_SPIN)
         self._shutdown_lock = threading.Lock()
         self._shutdown = False
-        started: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._serve, name="forkpool.Executor", daemon=True,
-                                        args=(mp_context, initializer, initargs, started))
-        self._thread.start()
-        error = started.get()
-        if error is not None:
-            self._thread.join()
-            raise error
+        _live.add(self)
 
     def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future:
         with self._shutdown_lock:
             if self._shutdown:
                 raise RuntimeError("cannot schedule new futures after shutdown")
             future: concurrent.futures.Future = concurrent.futures.Future()
-            self._submissions.put((future, fn, args, kwargs))
+            try:
+                self._core.submit(future, fn, args, kwargs)
+            except Exception as error:  # cannot be pickled, say: the future says so
+                future.set_exception(error)
             return future
 
     def map(self, fn: Callable, *iterables: Iterable, timeout: Optional[float] = None,
@@ -78,68 +91,7 @@ class Executor(concurrent.futures.Executor):
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self._shutdown_lock:
-            if not self._shutdown:
-                self._shutdown = True
-                self._submissions.put(("shutdown", cancel_futures))
+            self._shutdown = True
+        self._core.shutdown(wait, cancel_futures)
         if wait:
-            self._thread.join()
-
-    # The executor's thread: owns the pool, sends what is submitted, settles what finishes.
-    def _serve(self, mp_context: Optional[str], initializer: Optional[Callable], initargs: tuple,
-               started: queue.SimpleQueue) -> None:
-        try:
-            pool = Pool(self._max_workers, initializer=initializer, initargs=initargs, start_method=mp_context)
-        except BaseException as error:  # noqa: B036 - told to the constructor
-            started.put(error)
-            return
-        started.put(None)
-        self._running: dict = {}  # token -> (the call, its Future), sent and not settled
-        self._tokens = itertools.count()
-        self._done = _forkpool.DoneTokens()
-        closing = False
-        with pool:
-            while not (closing and not self._running):
-                closing = self._take_submissions(pool, block=not self._running) or closing
-                if self._running:
-                    self._settle(pool)
-
-    def _take_submissions(self, pool: Pool, block: bool) -> bool:
-        """Sends what was submitted; True once shutdown was asked for."""
-        closing = False
-        while True:
-            try:
-                item = self._submissions.get(block=block)
-            except queue.Empty:
-                return closing
-            block = False
-            if item[0] == "shutdown":
-                closing = True
-                if item[1]:  # cancel_futures: what has not been sent never runs
-                    while True:
-                        try:
-                            pending = self._submissions.get_nowait()
-                        except queue.Empty:
-                            break
-                        pending[0].cancel()
-                continue
-            future, fn, args, kwargs = item
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                call = pool._submit(_worker.CALL, fn, (args, kwargs))
-            except BaseException as error:  # noqa: B036 - cannot be pickled, say
-                future.set_exception(error)
-                continue
-            token = next(self._tokens)
-            call.notify_done(self._done, token)
-            self._running[token] = (call, future)
-
-    def _settle(self, pool: Pool) -> None:
-        """Drives the pool a while; settles the futures whose results came."""
-        for token in pool._core.take_done(self._done, _POLL):
-            call, future = self._running.pop(token)
-            outcome = AsyncResult._peek(call)
-            if outcome[0] == "ok":
-                future.set_result(outcome[1])
-            else:
-                future.set_exception(outcome[1])
+            _live.discard(self)

@@ -171,6 +171,23 @@ def _chunks(iterable: Iterable, size: int) -> Iterator[list]:
         yield chunk
 
 
+def worker_setup(start_method: str, initializer: Optional[Callable], initargs: Iterable) -> Optional[bytes]:
+    """What each worker runs before its first task (forkpool._worker.initialize): under spawn,
+    CPython's preparation; then the initializer. None when there is nothing to run."""
+    pickled_initializer = None
+    if initializer is not None:
+        pickled_initializer, tensors = _pickling.dumps((initializer, tuple(initargs)), out_of_band=False)
+        if tensors:
+            raise TypeError("forkpool: an initializer's arguments cannot hold tensors")
+    preparation = None
+    if start_method == "spawn":
+        preparation = _spawn.preparation()
+        _forkpool.set_spawn_program(_spawn.spawn_command())
+    if preparation is None and pickled_initializer is None:
+        return None
+    return pickle.dumps((preparation, pickled_initializer), 5)
+
+
 class Pool:
     """multiprocessing.Pool on forkpool. start_method: 'fork' (the default, as CPython's on Linux),
     'forkserver' (workers forked from a server forked when the pool is made) or 'spawn' (each
@@ -195,18 +212,7 @@ class Pool:
         self._state = _RUN
         self._pending: set = set()
         start_method = start_method or "fork"
-        pickled_initializer = None
-        if initializer is not None:
-            pickled_initializer, tensors = _pickling.dumps((initializer, tuple(initargs)), out_of_band=False)
-            if tensors:
-                raise TypeError("forkpool: an initializer's arguments cannot hold tensors")
-        preparation = None
-        if start_method == "spawn":
-            preparation = _spawn.preparation()
-            _forkpool.set_spawn_program(_spawn.spawn_command())
-        setup = None
-        if preparation is not None or pickled_initializer is not None:
-            setup = pickle.dumps((preparation, pickled_initializer), 5)
+        setup = worker_setup(start_method, initializer, initargs)
         if spin is None:
             spin = _DEFAULT_SPIN
         self._core = _forkpool.CorePool(processes=processes, maxtasksperchild=maxtasksperchild or 0,

@@ -65,3 +65,68 @@ def test_shutdown_refuses_new_work_and_cancels_what_waits():
     assert all(f.done() for f in queued)
     with pytest.raises(RuntimeError, match="after shutdown"):
         executor.submit(square, 1)
+
+
+def test_a_future_cancelled_before_its_result_stays_cancelled():
+    with forkpool.Executor(max_workers=1) as executor:
+        slow = executor.submit(time.sleep, 0.5)
+        behind = executor.submit(square, 3)
+        assert behind.cancel() and behind.cancelled()
+        slow.result(timeout=20)
+        concurrent.futures.wait([behind], timeout=20)
+        assert behind.cancelled()
+        with pytest.raises(concurrent.futures.CancelledError):
+            behind.result(timeout=0)
+        assert executor.submit(square, 4).result(timeout=20) == 16
+
+
+def test_threads_submit_at_once_and_each_gets_its_own_results():
+    import threading
+
+    with forkpool.Executor(max_workers=2) as executor:
+        results = {}
+
+        def submit_many(base):
+            results[base] = [f.result(timeout=20) for f in [executor.submit(square, base + i) for i in range(300)]]
+
+        threads = [threading.Thread(target=submit_many, args=(1000 * t,)) for t in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert {base: values for base, values in results.items()} == {
+            1000 * t: [(1000 * t + i) ** 2 for i in range(300)] for t in range(4)}
+
+
+def test_an_argument_that_cannot_be_pickled_fails_its_future_only():
+    with forkpool.Executor(max_workers=1) as executor:
+        future = executor.submit(square, threading_lock())
+        with pytest.raises(TypeError):
+            future.result(timeout=20)
+        assert executor.submit(square, 5).result(timeout=20) == 25
+
+
+def threading_lock():
+    import threading
+
+    return threading.Lock()
+
+
+def test_a_program_that_exits_without_shutdown_waits_for_its_calls(tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "main.py"
+    script.write_text(
+        "import time, forkpool\n"
+        "def slow(x):\n"
+        "    time.sleep(0.3)\n"
+        "    return x\n"
+        "if __name__ == '__main__':\n"
+        "    executor = forkpool.Executor(2)\n"
+        "    future = executor.submit(slow, 7)\n"
+        "    future.add_done_callback(lambda f: print('settled', f.result(), flush=True))\n")
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                            env=os.environ.copy())
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "settled 7"
