@@ -250,6 +250,16 @@ Task<void> ParentLink::push(std::uint16_t kind, std::uint64_t request_id, std::s
   wake_sleeping_consumer(outbound_.control(), worker_wake_.get());
 }
 
+bool ParentLink::ring_lacks_room_for(std::span<const std::byte> payload) {
+  if (gone_ || broken_ || !fits_ring(payload, {})) return false;
+  if (sender_) return true;
+  try {
+    return !outbound_.has_room(payload.size());
+  } catch (const ProtocolError&) {
+    return false;  // the next send or receive reports it
+  }
+}
+
 bool ParentLink::try_send_now(std::uint16_t kind, std::uint64_t request_id, std::span<const std::byte> payload,
                               Publish publish) {
   if (gone_ || broken_ || sender_ || !fits_ring(payload, {})) return false;

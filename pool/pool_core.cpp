@@ -195,6 +195,10 @@ void PoolCoreImpl::dispatch() {
 }
 
 void PoolCoreImpl::send_queued() {
+  // From plain code a job waits for ring room nowhere but in the queue, where whichever worker
+  // has room takes it: in a worker's outbox nothing would send it until the program calls in.
+  bool may_wait_for_room = driving();
+  for (auto& w : workers_) w->clear_ring_full();
   while (!queue_.empty()) {
     prefetch_ahead();
     if (queue_.front()->sink->abandoned()) {
@@ -203,13 +207,18 @@ void PoolCoreImpl::send_queued() {
     }
     PoolWorker* worker = scheduler_.pick(workers_, *queue_.front(), driving());  // workers_ holds it
     if (!worker) break;
-    std::shared_ptr<Job> job = std::move(queue_.front());
-    queue_.pop_front();
-    scheduler_.sent(*worker);
-    if (options_.maxtasksperchild > 0 && worker->jobs_sent() + 1 >= options_.maxtasksperchild) worker->retire();
     std::uint64_t id = ++next_request_id_;
     while (!worker->claim_word_free(id)) id = ++next_request_id_;
-    worker->send(id, std::move(job));
+    bool was_idle = worker->in_flight().empty();
+    // (Off the queue first: a job that fails at once is told, and the queue may change then.)
+    std::shared_ptr<Job> job = std::move(queue_.front());
+    queue_.pop_front();
+    if (!worker->send(id, job, may_wait_for_room)) {  // it takes no more now
+      queue_.push_front(std::move(job));
+      continue;
+    }
+    scheduler_.sent(*worker, was_idle);
+    if (options_.maxtasksperchild > 0 && worker->jobs_sent() >= options_.maxtasksperchild) worker->retire();
   }
 }
 

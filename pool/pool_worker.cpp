@@ -107,13 +107,18 @@ void PoolWorker::begin(std::shared_ptr<WorkerEvents> events, Launcher& launcher,
   background.start(serve(self));
 }
 
-void PoolWorker::send(std::uint64_t id, std::shared_ptr<Job> job) {
+bool PoolWorker::send(std::uint64_t id, std::shared_ptr<Job> job, bool may_wait_for_room) {
+  if (!may_wait_for_room && (sending_ || link_->ring_lacks_room_for(job->payload))) {
+    ring_full_ = true;
+    return false;
+  }
   in_flight_.emplace_back(id, job);
   ++jobs_sent_;
   link_->set_expecting(true);
-  if (!sending_ && send_at_once(*job, id)) return;
+  if (!sending_ && send_at_once(*job, id)) return true;
   outbox_.emplace_back(id, std::move(job));
   if (!sending_) background_->start(send_outbox(shared_from_this()));
+  return true;
 }
 
 std::shared_ptr<Job> PoolWorker::withdraw(std::uint64_t id) {

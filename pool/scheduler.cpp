@@ -87,8 +87,8 @@ PoolWorker* Scheduler::pick(Workers workers, const Job& job, bool driving) {
   return best;
 }
 
-void Scheduler::sent(const PoolWorker& worker) {
-  if (!worker.in_flight().empty()) return;
+void Scheduler::sent(const PoolWorker& worker, bool was_idle) {
+  if (!was_idle) return;
   // It starts this one at once. (Its deadline needs the time now, where now() may be a drain's
   // old one: no_earlier_than_now.)
   Schedule& s = schedule(worker);

@@ -114,6 +114,10 @@ class ParentLink final : public Spinner {
   // Publish::at_flush: it leaves with the next flush() or published send, so that a batch of
   // messages costs one publication (and at most one wake-up); the caller must flush().
   enum class Publish { now, at_flush };
+  // Whether a message of `payload` bound for the ring would wait for room now: a send waits
+  // already, or the ring lacks it. False for what goes on the socket (too large for the ring)
+  // and for a link that is gone or broken (its sends report that). Never waits.
+  bool ring_lacks_room_for(std::span<const std::byte> payload);
   bool try_send_now(std::uint16_t kind, std::uint64_t request_id, std::span<const std::byte> payload,
                     Publish publish = Publish::now);
   // Publishes what try_send_now(Publish::at_flush) wrote, waking the worker if it sleeps.

@@ -136,7 +136,13 @@ class PoolWorker : public std::enable_shared_from_this<PoolWorker> {
   // Sends `job` as request `id`, after the jobs sent before it. A job that cannot be sent fails
   // alone (job_finished with served false). It may wait in the ring until flush(): the core
   // sends a batch, then flushes once.
-  void send(std::uint64_t id, std::shared_ptr<Job> job);
+  // Unless `may_wait_for_room`: then a job the ring has no room for now (or that would queue
+  // behind a send that waits) is not taken: false, and the worker counts as full (ring_full)
+  // until clear_ring_full(). For sends from plain code, where nothing would resume a wait until
+  // the program calls in again: the job waits in the pool's queue, for any worker.
+  bool send(std::uint64_t id, std::shared_ptr<Job> job, bool may_wait_for_room = true);
+  bool ring_full() const noexcept { return ring_full_; }
+  void clear_ring_full() noexcept { ring_full_ = false; }
   // Takes back job `id` if the worker has not taken it up (RunningSlot: the worker then skips
   // it without a reply), to run elsewhere or not at all. Null when it is not in flight here or
   // already taken up.
@@ -228,6 +234,7 @@ class PoolWorker : public std::enable_shared_from_this<PoolWorker> {
   // flight at once could overtake each other when the socket is full.
   std::deque<std::pair<std::uint64_t, std::shared_ptr<Job>>> outbox_;
   bool sending_ = false;
+  bool ring_full_ = false;     // a send that could not wait found no room (send)
   bool write_closed_ = false;  // told to exit once idle
   bool retired_ = false;       // retire()
   int jobs_sent_ = 0;

@@ -79,8 +79,8 @@ class Scheduler {
   // Whether some worker could take a batch of kMaxJobsPerWorker jobs more.
   bool has_room_for_a_batch(Workers workers, bool driving) const noexcept;
 
-  // `worker` is about to be sent a job.
-  void sent(const PoolWorker& worker);
+  // `worker` was sent a job; `was_idle`: it held none before.
+  void sent(const PoolWorker& worker, bool was_idle);
   // `worker` answered a job; `takes_up_next`: it holds another, which it starts now.
   void finished(const PoolWorker& worker, bool takes_up_next);
 
@@ -139,7 +139,7 @@ class Scheduler {
     if (!held_time_) held_time_ = Clock::now();
     return *held_time_;
   }
-  bool may_take(const PoolWorker& worker) const noexcept { return worker.accepts_jobs(); }
+  bool may_take(const PoolWorker& worker) const noexcept { return worker.accepts_jobs() && !worker.ring_full(); }
 
   bool jobs_may_move_;
   std::vector<Schedule> schedules_;  // by worker id
