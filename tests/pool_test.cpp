@@ -1024,14 +1024,22 @@ TEST(SchedulerTest, QueuedTasksNeverWaitBehindAStuckTaskWhileAnotherWorkerIdles)
   pool.terminate();
 }
 
+// Warms `pool` (both workers serve) with `tasks` tasks, then stops its first worker (SIGSTOP) and
+// waits until it is stopped, before anything more is sent (a task it took up before would wait
+// for it: it runs there). Its pid.
+pid_t stop_first_worker_after(Pool& pool, int tasks) {
+  EXPECT_EQ(pool.map_async(square, std::vector<int>(tasks, 2), 1).get(20s), std::vector<int>(tasks, 4));
+  pid_t stopped = pool.worker_pids().at(0);
+  EXPECT_EQ(kill(stopped, SIGSTOP), 0);
+  EXPECT_TRUE(test_support::eventually([&] { return test_support::process_state(stopped) == 'T'; }));
+  return stopped;
+}
+
 // A stopped worker (SIGSTOP) holds the tasks it was sent: the other worker takes them.
 TEST(SchedulerTest, AMapFinishesWhileOneWorkerIsStopped) {
   Pool pool({.processes = 2});
-  ASSERT_EQ(pool.map_async(square, std::vector<int>(1000, 2), 1).get(20s), std::vector<int>(1000, 4));  // warm
-  pid_t stopped = pool.worker_pids().at(0);
-  ASSERT_EQ(kill(stopped, SIGSTOP), 0);
-  // Stopped before the map is sent (a task it took up before would wait for it: it runs there).
-  ASSERT_TRUE(test_support::eventually([&] { return test_support::process_state(stopped) == 'T'; }));
+  pid_t stopped = stop_first_worker_after(pool, 1000);
+  ASSERT_FALSE(HasFailure());
   std::vector<int> inputs(200);
   std::iota(inputs.begin(), inputs.end(), 0);
   std::vector<int> squares = pool.map_async(square, inputs, 1).get(20s);
@@ -1043,10 +1051,8 @@ TEST(SchedulerTest, AMapFinishesWhileOneWorkerIsStopped) {
 // look at it again, so it must look again by itself once the job could be stuck.
 TEST(SchedulerTest, AJobLeftAloneAtAStoppedWorkerRunsElsewhere) {
   Pool pool({.processes = 2});
-  ASSERT_EQ(pool.map_async(square, std::vector<int>(100, 2), 1).get(20s), std::vector<int>(100, 4));  // warm
-  pid_t stopped = pool.worker_pids().at(0);
-  ASSERT_EQ(kill(stopped, SIGSTOP), 0);
-  ASSERT_TRUE(test_support::eventually([&] { return test_support::process_state(stopped) == 'T'; }));
+  pid_t stopped = stop_first_worker_after(pool, 100);
+  ASSERT_FALSE(HasFailure());
   // Two at once: one is sent to each worker (both are idle).
   for (int round = 0; round < 5; ++round) {
     auto first = pool.apply_async(square, round);

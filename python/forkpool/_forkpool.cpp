@@ -52,10 +52,32 @@ using Call = std::tuple<int, std::string, std::string, std::vector<at::Tensor>>;
 // How long a wait sleeps before it looks for a signal (Ctrl-C) with the GIL.
 constexpr auto kSignalCheck = std::chrono::milliseconds(50);
 
-// forkpool._worker's function `name`, looked up once per process (a forked worker inherits it).
-py::handle worker_function(const char* name) {
-  py::module_ worker = py::module_::import("forkpool._worker");
-  return py::object(worker.attr(name)).release();  // kept for ever: no destructor runs at a worker's exit
+// `module`.`name`, for a caller that looks it up once per process (a forked worker inherits it):
+// kept for ever, since no destructor runs at a worker's exit.
+py::handle kept_attribute(const char* module, const char* name) {
+  return py::object(py::module_::import(module).attr(name)).release();
+}
+
+// forkpool._worker's function `name` (kept_attribute).
+py::handle worker_function(const char* name) { return kept_attribute("forkpool._worker", name); }
+
+// Raises `exception` (an exception object) in Python.
+[[noreturn]] void raise_object(const py::handle& exception) {
+  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exception.ptr())), exception.ptr());
+  throw py::error_already_set();
+}
+
+// An answer as (True, value) or (False, exception): forkpool._worker.outcome_of.
+py::tuple outcome_of(Message answer) {
+  static py::handle outcome = worker_function("outcome_of");
+  return outcome(py::bytes(answer.first), std::move(answer.second));
+}
+
+// Raises multiprocessing.TimeoutError: a wait's `timeout` passed first.
+[[noreturn]] void raise_timeout() {
+  static py::handle timeout_error = kept_attribute("multiprocessing", "TimeoutError");
+  PyErr_SetNone(timeout_error.ptr());
+  throw py::error_already_set();
 }
 
 Message to_message(const py::handle& answer) {
@@ -79,7 +101,7 @@ bool is_plain_sequence(const Sequence& values) {
 
 // pickle.dumps(obj, 5).
 std::string pickle_plain(const py::handle& obj) {
-  static py::handle dumps = py::object(py::module_::import("pickle").attr("dumps")).release();
+  static py::handle dumps = kept_attribute("pickle", "dumps");
   return dumps(obj, 5).cast<std::string>();
 }
 
@@ -96,7 +118,7 @@ bool is_plain_value(const py::handle& value) {
 py::handle function_of(const std::string& pickled) {
   static auto& kept = *new std::unordered_map<std::string, py::object>;  // (never destroyed: see register_error)
   if (auto found = kept.find(pickled); found != kept.end()) return found->second;
-  static py::handle loads = py::object(py::module_::import("pickle").attr("loads")).release();
+  static py::handle loads = kept_attribute("pickle", "loads");
   py::object function = loads(py::bytes(pickled));
   if (kept.size() >= 4096) kept.clear();
   return kept.emplace(pickled, std::move(function)).first->second;
@@ -106,7 +128,7 @@ py::handle function_of(const std::string& pickled) {
 // frame of ours. Its outcome as forkpool._worker.run gives it; a value that is not plain (it
 // may hold tensors) and an exception are answered by forkpool._worker.
 Message run_plain_call(const std::string& function, const std::string& argument) {
-  static py::handle loads = py::object(py::module_::import("pickle").attr("loads")).release();
+  static py::handle loads = kept_attribute("pickle", "loads");
   static py::handle answer = worker_function("answer");
   py::object value;
   try {
@@ -219,12 +241,6 @@ struct HeldWithGil {
   py::object object;
 };
 
-// The tokens of calls that finished, told by CallResult::notify_done: one list for each reader
-// (an imap_unordered, an Executor), so that none takes another's.
-struct DoneTokens {
-  std::shared_ptr<std::vector<std::uint64_t>> tokens = std::make_shared<std::vector<std::uint64_t>>();
-};
-
 // One submitted call.
 class CallResult {
  public:
@@ -252,12 +268,6 @@ class CallResult {
     });
   }
 
-  // When ready, `token` joins `done`'s tokens (CorePool::take_done): told without the GIL (a
-  // callback would take it inside the loop, and wait for whichever thread holds it).
-  void notify_done(const DoneTokens& done, std::uint64_t token) {
-    result_.add_done_callback([tokens = done.tokens, token](fp::AsyncResult<Message>&) { tokens->push_back(token); });
-  }
-
  private:
   fp::AsyncResult<Message> result_;
 };
@@ -278,19 +288,11 @@ class ApplyResult {
   // multiprocessing.TimeoutError when `timeout` passes first.
   py::object get(std::optional<double> timeout) {
     if (!settled()) {
-      if (!wait_until_ready([this] { return result_.ready(); }, timeout, "forkpool AsyncResult.get")) {
-        static py::handle timeout_error =
-            py::object(py::module_::import("multiprocessing").attr("TimeoutError")).release();
-        PyErr_SetNone(timeout_error.ptr());
-        throw py::error_already_set();
-      }
+      if (!wait_until_ready([this] { return result_.ready(); }, timeout, "forkpool AsyncResult.get")) raise_timeout();
       settled();
     }
     if (failure_) std::rethrow_exception(failure_);
-    if (!ok_) {
-      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(value_.ptr())), value_.ptr());
-      throw py::error_already_set();
-    }
+    if (!ok_) raise_object(value_);
     return value_;
   }
   bool successful() {
@@ -311,9 +313,8 @@ class ApplyResult {
       failure_ = std::current_exception();
       return true;
     }
-    static py::handle outcome_of = worker_function("outcome_of");
     try {
-      py::tuple outcome = outcome_of(py::bytes(answer.first), std::move(answer.second));
+      py::tuple outcome = outcome_of(std::move(answer));
       ok_ = outcome[0].cast<bool>();
       value_ = outcome[1];
     } catch (py::error_already_set& error) {  // the answer would not unpickle: get() raises that
@@ -354,9 +355,8 @@ fp::PoolOptions pool_options(int processes, int maxtasksperchild, const std::opt
 class ApplyCallPickler {
  public:
   Call pickle(const py::object& func, const py::object& args, const py::object& kwds) {
-    static py::handle pickled_function =
-        py::object(py::module_::import("forkpool._pickling").attr("pickled_function")).release();
-    static py::handle dumps = py::object(py::module_::import("forkpool._pickling").attr("dumps")).release();
+    static py::handle pickled_function = kept_attribute("forkpool._pickling", "pickled_function");
+    static py::handle dumps = kept_attribute("forkpool._pickling", "dumps");
     constexpr int kCall = 0;  // forkpool._worker.CALL
     std::string function;
     if (auto kept = function_pickles_.find(func.ptr()); kept != function_pickles_.end()) {
@@ -395,24 +395,6 @@ class CorePool {
     return ApplyResult(send(pickler_.pickle(func, args, kwds)));
   }
 
-  // Whichever of `results` is ready first, by place; None when `timeout` passes first.
-  std::optional<std::size_t> wait_any(const std::vector<CallResult*>& results, std::optional<double> timeout) {
-    std::optional<std::size_t> first;
-    auto any_ready = [&] {
-      for (std::size_t i = 0; i < results.size(); ++i)
-        if (results[i]->ready()) return (first = i).has_value();
-      return false;
-    };
-    wait_until_ready(any_ready, timeout, "forkpool imap_unordered");
-    return first;
-  }
-  // Drives the pool's loop until a result told of by notify_done(`done`, ...) is ready, or
-  // `timeout` passes; returns the tokens of those ready since the last call.
-  std::vector<std::uint64_t> take_done(const DoneTokens& done, std::optional<double> timeout) {
-    std::vector<std::uint64_t>& tokens = *done.tokens;
-    wait_until_ready([&] { return !tokens.empty(); }, timeout, "forkpool take_done");
-    return std::exchange(tokens, {});
-  }
   void close() { pool().close(); }
   void terminate() {
     py::gil_scoped_release nogil;  // (callbacks of failed results take it)
@@ -470,13 +452,8 @@ class IMapIterator {
     while (handed_out_ >= values_.size()) {
       fp::AsyncResult<Message> call = next_call(timeout);
       fill();
-      Message answer = call.get(std::chrono::nanoseconds::zero());  // raises WorkerLost...
-      static py::handle outcome_of = worker_function("outcome_of");
-      py::tuple outcome = outcome_of(py::bytes(answer.first), std::move(answer.second));
-      if (!outcome[0].cast<bool>()) {
-        PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(outcome[1].ptr())), outcome[1].ptr());
-        throw py::error_already_set();
-      }
+      py::tuple outcome = outcome_of(call.get(std::chrono::nanoseconds::zero()));  // raises WorkerLost...
+      if (!outcome[0].cast<bool>()) raise_object(outcome[1]);
       values_ = outcome[1].cast<py::list>();
       handed_out_ = 0;
     }
@@ -544,16 +521,8 @@ class IMapIterator {
 
   [[noreturn]] void raise_input_error_or_stop() {
     py::object error = std::exchange(input_error_, py::object());
-    if (error) {
-      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())), error.ptr());
-      throw py::error_already_set();
-    }
+    if (error) raise_object(error);
     throw py::stop_iteration();
-  }
-  [[noreturn]] static void raise_timeout() {
-    static py::handle timeout_error = py::object(py::module_::import("multiprocessing").attr("TimeoutError")).release();
-    PyErr_SetNone(timeout_error.ptr());
-    throw py::error_already_set();
   }
 
   py::object core_object_;  // keeps the pool alive while its results are awaited
@@ -709,7 +678,6 @@ class CoreExecutor {
   void settle() {
     std::vector<std::uint64_t> tokens = std::exchange(finished_, {});
     py::gil_scoped_acquire gil;
-    static py::handle outcome_of = worker_function("outcome_of");
     for (std::uint64_t token : tokens) {
       auto found = running_.find(token);
       Running running = std::move(found->second);
@@ -721,8 +689,7 @@ class CoreExecutor {
         py::object value;
         bool ok = false;
         try {
-          Message answer = running.result.get(std::chrono::nanoseconds::zero());
-          py::tuple outcome = outcome_of(py::bytes(answer.first), std::move(answer.second));
+          py::tuple outcome = outcome_of(running.result.get(std::chrono::nanoseconds::zero()));
           ok = outcome[0].cast<bool>();
           value = outcome[1];
         } catch (py::error_already_set& error) {
@@ -824,19 +791,17 @@ PYBIND11_MODULE(_forkpool, m) {
     try {
       if (error) std::rethrow_exception(error);
     } catch (const fp::TimeoutError& e) {  // task_timeout: the task ran too long
-      PyErr_SetString(py::module_::import("multiprocessing").attr("TimeoutError").ptr(), e.what());
+      static py::handle timeout_error = kept_attribute("multiprocessing", "TimeoutError");
+      PyErr_SetString(timeout_error.ptr(), e.what());
     }
   });
-
-  py::class_<DoneTokens>(m, "DoneTokens").def(py::init<>());
 
   py::class_<CallResult>(m, "CallResult")
       .def("ready", &CallResult::ready)
       .def("wait", &CallResult::wait, py::arg("timeout") = py::none())
       .def("get", &CallResult::get)
       .def("cancel", &CallResult::cancel)
-      .def("when_ready", &CallResult::when_ready)
-      .def("notify_done", &CallResult::notify_done);
+      .def("when_ready", &CallResult::when_ready);
 
   py::class_<ApplyResult>(m, "ApplyResult")
       .def("ready", &ApplyResult::ready)
@@ -866,8 +831,6 @@ PYBIND11_MODULE(_forkpool, m) {
           },
           py::arg("kind"), py::arg("function"), py::arg("pickle_chunk"), py::arg("input"), py::arg("chunksize"),
           py::arg("ordered"), py::arg("window"))
-      .def("wait_any", &CorePool::wait_any, py::arg("results"), py::arg("timeout") = py::none())
-      .def("take_done", &CorePool::take_done, py::arg("done"), py::arg("timeout") = py::none())
       .def("close", &CorePool::close)
       .def("terminate", &CorePool::terminate)
       .def("join", &CorePool::join)
