@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The folders are the architecture. Exits 1 naming every violation of:
 
-1. Layers in a straight line: runtime <- ipc <- shm <- sync <- pool <- data <- mpi, and torch after data
+1. Layers in a straight line: runtime <- ipc <- shm <- sync <- worker <- pool <- data <- mpi, and torch after data
    (it includes neither mpi nor is included by it). A file may include its own layer and those
    before it, never one after it.
 2. Header tiers. In each layer, public headers sit at the top, installed internals in internal/,
@@ -16,7 +16,7 @@ import pathlib
 import re
 import sys
 
-LAYERS = ["runtime", "ipc", "shm", "sync", "pool", "data", "mpi", "torch"]
+LAYERS = ["runtime", "ipc", "shm", "sync", "worker", "pool", "data", "mpi", "torch"]
 UMBRELLAS = ["forkpool.hpp", "mpi.hpp", "torch.hpp"]
 
 root = pathlib.Path(__file__).resolve().parent.parent

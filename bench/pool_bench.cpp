@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "raw_pingpong.hpp"
-#include <forkpool/pool/init.hpp>
+#include <forkpool/worker/init.hpp>
 #include <forkpool/pool/pool.hpp>
 #include <forkpool/runtime/when_all.hpp>
 

@@ -11,7 +11,7 @@
 #include <forkpool/mpi/private/protocol.hpp>
 #include <forkpool/mpi/private/world.hpp>
 #include <forkpool/mpi/mpi_pool.hpp>
-#include <forkpool/pool/init.hpp>
+#include <forkpool/worker/init.hpp>
 #include <forkpool/runtime/private/loaded_objects.hpp>
 
 namespace forkpool::mpi {

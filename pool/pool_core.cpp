@@ -9,8 +9,8 @@
 #include <tuple>
 
 #include <forkpool/pool/private/job_fate.hpp>
-#include <forkpool/pool/internal/task_message.hpp>
-#include <forkpool/pool/worker_info.hpp>
+#include <forkpool/pool/internal/task_encoding.hpp>
+#include <forkpool/worker/worker_info.hpp>
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/internal/io.hpp>
 #include <forkpool/runtime/private/process.hpp>
@@ -83,7 +83,7 @@ void PoolCoreImpl::start_workers() {
   } catch (const std::system_error&) {
     // Only file_system tensors need it; making one reports why it cannot be started.
   }
-  launcher_ = make_launcher(options_, process_name_);
+  launcher_ = make_launcher(options_.start_method, {options_.maxtasksperchild, options_.initializer, process_name_});
   seed_base_ = pool_seed_base(options_.seed);
   launch_workers(processes_);
   if (options_.task_timeout > std::chrono::nanoseconds::zero()) background_.start(enforce_task_timeout());

@@ -9,7 +9,7 @@
 #include <thread>
 
 #include <forkpool/ipc/private/memfd.hpp>
-#include <forkpool/pool/private/launcher.hpp>
+#include <forkpool/worker/private/launcher.hpp>
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/internal/io.hpp>
 

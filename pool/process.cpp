@@ -11,7 +11,7 @@
 
 #include <forkpool/sync/private/waits.hpp>
 #include <forkpool/pool/internal/pool_internals.hpp>
-#include <forkpool/pool/worker_info.hpp>
+#include <forkpool/worker/worker_info.hpp>
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/internal/blocking_wait.hpp>
 #include <forkpool/runtime/internal/io.hpp>

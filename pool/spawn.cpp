@@ -9,7 +9,7 @@
 #include <cstdio>
 #include <string>
 
-#include <forkpool/pool/worker_info.hpp>
+#include <forkpool/worker/worker_info.hpp>
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/internal/blocking_wait.hpp>
 #include <forkpool/runtime/private/describe_exception.hpp>

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The layer check fails where it should: it passes on a copy of the tree, and fails, naming the
 file, on a copy with a private header placed in internal/, with a header of one layer including
-a layer above it, and with an internal type outside a detail namespace."""
+a layer above it (the worker's side including the parent's among them), and with an internal
+type outside a detail namespace."""
 import pathlib
 import shutil
 import subprocess
@@ -10,7 +11,7 @@ import tempfile
 
 source = pathlib.Path(__file__).resolve().parent.parent
 check = source / ".ci" / "check_layers.py"
-LAYERS = ["runtime", "ipc", "shm", "sync", "pool", "data", "mpi", "torch"]
+LAYERS = ["runtime", "ipc", "shm", "sync", "worker", "pool", "data", "mpi", "torch"]
 failures = []
 
 
@@ -42,12 +43,17 @@ def expect(name, breakage, expected_line):
 
 
 def private_in_internal(root):
-    (root / "pool/private/launcher.hpp").rename(root / "pool/internal/launcher.hpp")
+    (root / "pool/private/pool_worker.hpp").rename(root / "pool/internal/pool_worker.hpp")
 
 
 def layer_above(root):
     with open(root / "shm/tensor.cpp", "a") as f:
         f.write("\n#include <forkpool/pool/pool.hpp>\n")
+
+
+def worker_includes_pool(root):
+    with open(root / "worker/worker.cpp", "a") as f:
+        f.write("\n#include <forkpool/pool/internal/job.hpp>\n")
 
 
 def type_outside_detail(root):
@@ -56,7 +62,8 @@ def type_outside_detail(root):
 
 
 expect("an intact tree passes", None, "")
-expect("a private header in internal/ fails", private_in_internal, "pool/internal/launcher.hpp is in internal/")
+expect("a private header in internal/ fails", private_in_internal, "pool/internal/pool_worker.hpp is in internal/")
 expect("an include of a layer above fails", layer_above, "shm/tensor.cpp includes pool/")
+expect("the worker's side including the parent's fails", worker_includes_pool, "worker/worker.cpp includes pool/")
 expect("an internal type outside detail fails", type_outside_detail, "LeakedInternal is defined in namespace forkpool")
 sys.exit(1 if failures else 0)

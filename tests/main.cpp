@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <string>
 
-#include <forkpool/pool/init.hpp>
+#include <forkpool/worker/init.hpp>
 #include <forkpool/runtime/loop.hpp>
 
 #include "support.hpp"

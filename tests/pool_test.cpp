@@ -32,10 +32,10 @@
 #include <forkpool/ipc/internal/channel.hpp>
 #include <forkpool/ipc/private/link.hpp>
 #include <forkpool/pool/as_completed.hpp>
-#include <forkpool/pool/internal/task_message.hpp>
+#include <forkpool/worker/internal/protocol.hpp>
 #include <forkpool/pool/pool.hpp>
 #include <forkpool/pool/internal/pool_internals.hpp>
-#include <forkpool/pool/worker_info.hpp>
+#include <forkpool/worker/worker_info.hpp>
 #include <forkpool/runtime/loop.hpp>
 #include <forkpool/runtime/show_progress.hpp>
 #include <forkpool/runtime/when_all.hpp>

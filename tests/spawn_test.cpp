@@ -14,7 +14,7 @@
 
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/pool/spawn.hpp>
-#include <forkpool/pool/worker_info.hpp>
+#include <forkpool/worker/worker_info.hpp>
 #include "support.hpp"
 
 namespace forkpool {

@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include <forkpool/pool/private/task_end.hpp>
+#include <forkpool/worker/private/task_end.hpp>
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/private/loop_wait.hpp>
 #include <forkpool/shm/internal/storage.hpp>

@@ -25,13 +25,14 @@
 #include <forkpool/sync/semaphore.hpp>
 #include <forkpool/sync/shared_value.hpp>
 #include <forkpool/sync/sync.hpp>
+#include <forkpool/worker/init.hpp>
+#include <forkpool/worker/start_method.hpp>
+#include <forkpool/worker/worker_info.hpp>
 #include <forkpool/pool/as_completed.hpp>
-#include <forkpool/data/dataloader.hpp>
-#include <forkpool/pool/init.hpp>
 #include <forkpool/pool/pool.hpp>
 #include <forkpool/pool/process.hpp>
 #include <forkpool/pool/spawn.hpp>
 #include <forkpool/pool/stream.hpp>
-#include <forkpool/pool/worker_info.hpp>
+#include <forkpool/data/dataloader.hpp>
 
 #endif  // C++20

@@ -15,7 +15,7 @@
 //     failed     [pool][job][ErrorRecord]
 //     joined     [pool]
 //
-// A task payload is the one-machine task message (pool/internal/task_message.hpp) with rank 0's
+// A task payload is the one-machine task message (worker/internal/protocol.hpp) with rank 0's
 // code addresses: the node translates them through rank 0's object table, sent once at init.
 
 #include <cstdint>

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include <forkpool/mpi/private/transport.hpp>
-#include <forkpool/pool/internal/task_message.hpp>
+#include <forkpool/worker/internal/protocol.hpp>
 
 namespace forkpool::mpi::detail {
 

@@ -9,16 +9,9 @@
 #include <forkpool/ipc/codec.hpp>
 #include <forkpool/ipc/internal/spare_buffers.hpp>
 #include <forkpool/shm/internal/block_table.hpp>
+#include <forkpool/worker/internal/protocol.hpp>
 
 namespace forkpool::detail {
-
-// Which elements of an encoded chunk a job runs: [first, end) of `count` (task_message.hpp).
-struct ElementRange {
-  std::uint64_t count = 0;
-  std::uint64_t first = 0;
-  std::uint64_t end = 0;
-  std::uint64_t size() const noexcept { return end - first; }
-};
 
 // Who waits for the chunks of one call (a map, an apply_async, a stream). Called on the pool's
 // thread, inside the loop's turn that received the reply.
@@ -42,7 +35,7 @@ using JobPayload = InlineBytes<128>;
 struct Job {
   std::shared_ptr<JobSink> sink;
   std::size_t chunk = 0;
-  JobPayload payload;       // a task message (task_message.hpp)
+  JobPayload payload;       // a task message (worker/internal/protocol.hpp)
   OutgoingBlocks blocks;    // the arguments' tensors: held until the result is decoded
   Attachments attachments;  // descriptors the arguments carry otherwise
   ElementRange range;       // the elements of the chunk this job runs

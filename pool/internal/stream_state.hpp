@@ -14,7 +14,7 @@
 #include <vector>
 
 #include <forkpool/pool/internal/job.hpp>
-#include <forkpool/pool/internal/task_message.hpp>
+#include <forkpool/worker/internal/protocol.hpp>
 #include <forkpool/runtime/async_result.hpp>
 #include <forkpool/runtime/task.hpp>
 

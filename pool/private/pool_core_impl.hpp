@@ -18,7 +18,7 @@
 #include <vector>
 
 #include <forkpool/pool/internal/pool_core.hpp>
-#include <forkpool/pool/private/launcher.hpp>
+#include <forkpool/worker/private/launcher.hpp>
 #include <forkpool/pool/private/pool_worker.hpp>
 #include <forkpool/pool/private/scheduler.hpp>
 #include <forkpool/runtime/internal/one_shot.hpp>

@@ -26,9 +26,9 @@
 #include <forkpool/ipc/private/link.hpp>
 #include <forkpool/ipc/internal/mapping.hpp>
 #include <forkpool/pool/internal/job.hpp>
-#include <forkpool/pool/private/launcher.hpp>
+#include <forkpool/worker/private/launcher.hpp>
 #include <forkpool/shm/private/peer_memory.hpp>
-#include <forkpool/pool/internal/task_message.hpp>
+#include <forkpool/worker/internal/protocol.hpp>
 #include <forkpool/runtime/private/loaded_objects.hpp>
 #include <forkpool/runtime/internal/one_shot.hpp>
 #include <forkpool/runtime/private/process.hpp>

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include <forkpool/ipc/private/memfd.hpp>
-#include <forkpool/pool/internal/task_message.hpp>
+#include <forkpool/worker/internal/protocol.hpp>
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/shm/private/peer_memory.hpp>
 

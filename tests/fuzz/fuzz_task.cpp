@@ -11,7 +11,7 @@
 
 #include <forkpool/ipc/internal/frame.hpp>
 #include <forkpool/shm/private/peer_memory.hpp>
-#include <forkpool/pool/internal/task_message.hpp>
+#include <forkpool/worker/internal/protocol.hpp>
 
 namespace fp = forkpool;
 

@@ -1,4 +1,4 @@
-#include <forkpool/pool/private/worker.hpp>
+#include <forkpool/worker/private/worker.hpp>
 
 #include <dlfcn.h>
 #include <malloc.h>
@@ -16,14 +16,14 @@
 #include <forkpool/ipc/internal/mapping.hpp>
 #include <forkpool/ipc/private/memfd.hpp>
 #include <forkpool/shm/private/peer_memory.hpp>
-#include <forkpool/pool/worker_info.hpp>
+#include <forkpool/worker/worker_info.hpp>
 #include <forkpool/shm/sharing.hpp>
 #include <forkpool/shm/internal/storage.hpp>
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/runtime/private/describe_exception.hpp>
 #include <forkpool/runtime/private/process.hpp>
-#include <forkpool/pool/internal/task_message.hpp>
-#include <forkpool/pool/private/task_end.hpp>
+#include <forkpool/worker/internal/protocol.hpp>
+#include <forkpool/worker/private/task_end.hpp>
 #include <forkpool/runtime/private/loaded_objects.hpp>
 
 namespace forkpool::detail {

@@ -1,4 +1,4 @@
-#include <forkpool/pool/internal/task_message.hpp>
+#include <forkpool/worker/internal/protocol.hpp>
 #include <forkpool/runtime/private/loaded_objects.hpp>
 
 #include <forkpool/ipc/internal/frame.hpp>
@@ -49,19 +49,11 @@ std::array<std::uint64_t, 2> task_code_addresses(std::span<const std::byte> payl
   return addresses;
 }
 
-std::shared_ptr<Job> job_part(const std::shared_ptr<Job>& job, std::uint64_t first, std::uint64_t end) {
-  std::shared_ptr<Job> root = job->whole ? job->whole : job;
-  auto part = std::make_shared<Job>();
-  part->sink = root->sink;
-  part->chunk = root->chunk;
-  part->payload = root->payload;
-  part->range = {root->range.count, first, end};
-  part->attempts = job->attempts;
+void rewrite_task_range(std::span<std::byte> payload, std::size_t table_bytes, const ElementRange& range) {
   // The range sits just before the block table (write_task_tail).
-  std::size_t at = part->payload.size() - root->blocks.table_bytes() - kTaskRange;
-  std::memcpy(part->payload.data() + at, &part->range, kTaskRange);
-  part->whole = std::move(root);
-  return part;
+  if (payload.size() < kTaskHead + kTaskRange + table_bytes)
+    throw ProtocolError("forkpool: a task message too short for its range");
+  std::memcpy(payload.data() + payload.size() - table_bytes - kTaskRange, &range, kTaskRange);
 }
 
 TaskCall read_task(Message& task, PeerMemory& memory) {

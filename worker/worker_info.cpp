@@ -1,4 +1,4 @@
-#include <forkpool/pool/worker_info.hpp>
+#include <forkpool/worker/worker_info.hpp>
 
 #include <random>
 

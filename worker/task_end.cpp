@@ -1,4 +1,4 @@
-#include <forkpool/pool/private/task_end.hpp>
+#include <forkpool/worker/private/task_end.hpp>
 
 #include <algorithm>
 #include <array>

@@ -15,8 +15,8 @@
 #include <forkpool/ipc/internal/channel.hpp>
 #include <forkpool/runtime/private/process.hpp>
 #include <forkpool/runtime/unique_fd.hpp>
-#include <forkpool/pool/pool_options.hpp>
-#include <forkpool/pool/private/worker.hpp>
+#include <forkpool/worker/start_method.hpp>
+#include <forkpool/worker/private/worker.hpp>
 
 namespace forkpool::detail {
 
@@ -69,7 +69,7 @@ std::unique_ptr<Launcher> make_fork_server_launcher(WorkerSpec spec);
 // stalls before is an Error naming the cause. Throws std::invalid_argument for an initializer
 // that is not a plain function.
 std::unique_ptr<Launcher> make_spawn_launcher(WorkerSpec spec);
-// The launcher of `options.start_method`, for a pool's workers (`process_name`: a Process's).
-std::unique_ptr<Launcher> make_launcher(const PoolOptions& options, const std::string& process_name);
+// The launcher of `method`.
+std::unique_ptr<Launcher> make_launcher(StartMethod method, WorkerSpec spec);
 
 }  // namespace forkpool::detail

@@ -1,4 +1,4 @@
-#include <forkpool/pool/private/launcher.hpp>
+#include <forkpool/worker/private/launcher.hpp>
 
 #include <poll.h>
 #include <sys/wait.h>
@@ -16,7 +16,7 @@
 #include <system_error>
 #include <tuple>
 
-#include <forkpool/pool/internal/task_message.hpp>
+#include <forkpool/worker/internal/protocol.hpp>
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/shm/private/name_tracker.hpp>
 #include <forkpool/shm/internal/slab.hpp>
@@ -426,9 +426,8 @@ std::unique_ptr<Launcher> make_fork_server_launcher(WorkerSpec spec) {
   return std::make_unique<ForkServerLauncher>(std::move(spec));
 }
 
-std::unique_ptr<Launcher> make_launcher(const PoolOptions& options, const std::string& process_name) {
-  WorkerSpec spec{options.maxtasksperchild, options.initializer, process_name};
-  switch (options.start_method) {
+std::unique_ptr<Launcher> make_launcher(StartMethod method, WorkerSpec spec) {
+  switch (method) {
     case StartMethod::fork: return make_fork_launcher(std::move(spec));
     case StartMethod::forkserver: return make_fork_server_launcher(std::move(spec));
     case StartMethod::spawn: return make_spawn_launcher(std::move(spec));

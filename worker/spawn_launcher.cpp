@@ -29,8 +29,8 @@
 #include <vector>
 
 #include <forkpool/ipc/internal/channel.hpp>
-#include <forkpool/pool/private/launcher.hpp>
-#include <forkpool/pool/internal/task_message.hpp>
+#include <forkpool/worker/private/launcher.hpp>
+#include <forkpool/worker/internal/protocol.hpp>
 #include <forkpool/runtime/error.hpp>
 #include <forkpool/shm/private/name_tracker.hpp>
 #include <forkpool/runtime/private/errno.hpp>

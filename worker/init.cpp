@@ -1,6 +1,6 @@
-#include <forkpool/pool/init.hpp>
+#include <forkpool/worker/init.hpp>
 
-#include <forkpool/pool/private/launcher.hpp>
+#include <forkpool/worker/private/launcher.hpp>
 #include <forkpool/runtime/private/spawned_worker.hpp>
 
 namespace forkpool {

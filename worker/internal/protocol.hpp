@@ -45,7 +45,7 @@
 #include <vector>
 
 #include <forkpool/ipc/codec.hpp>
-#include <forkpool/pool/internal/job.hpp>
+#include <forkpool/shm/internal/block_table.hpp>
 #include <forkpool/shm/sharing.hpp>
 #include <forkpool/runtime/task.hpp>
 
@@ -57,6 +57,14 @@ namespace forkpool::detail {
 
 class PeerMemory;
 struct LoadedObject;
+
+// Which elements of an encoded chunk a task runs: [first, end) of `count`.
+struct ElementRange {
+  std::uint64_t count = 0;
+  std::uint64_t first = 0;
+  std::uint64_t end = 0;
+  std::uint64_t size() const noexcept { return end - first; }
+};
 
 enum MessageKind : std::uint16_t {
   kTaskMessage = 1,
@@ -109,7 +117,7 @@ inline constexpr std::size_t kRunningSlotBytes = 9 * 4096;
 static_assert(sizeof(RunningSlot) <= kRunningSlotBytes);
 
 // A chunk is sent whole; when its worker dies, the part before the element that was running and
-// the part after it are sent again as ranges of the same payload (ElementRange, job_part()), and
+// the part after it are sent again as ranges of the same payload (ElementRange, pool/internal/task_encoding.hpp), and
 // that element alone carries the retry: one poison element cannot use up a whole chunk's retries.
 
 // Decodes the elements of `range` from `in` (skipping those before it), calls the function on
@@ -228,7 +236,7 @@ struct Call {
 template <class F, class Element, bool Spread>
 using CallResult = typename Call<F, Element, Spread>::Result;
 
-// The task message's layout is known here and in task_message.cpp only. A task is written as
+// The task message's layout is known here and in protocol.cpp only. A task is written as
 // its head (the two code addresses), its elements, and its tail (the range and the block table).
 void write_task_head(Writer& w, std::uint64_t invoker, std::uint64_t function);
 void write_task_tail(Writer& w, const ElementRange& range, const OutgoingBlocks& blocks);
@@ -245,39 +253,9 @@ TaskLayout parse_task(std::span<const std::byte> body);
 // The two code addresses at the front of an encoded task payload (invoker, function).
 std::array<std::uint64_t, 2> task_code_addresses(std::span<const std::byte> payload);
 
-// A copy of `job` that runs elements [first, end) of its chunk: the same payload, with the
-// range in its trailer patched, sharing the job's blocks.
-std::shared_ptr<Job> job_part(const std::shared_ptr<Job>& job, std::uint64_t first, std::uint64_t end);
-
-// What a task of a few plain arguments takes: head, elements, range and an empty block table
-// (held inline in its job).
-inline constexpr std::size_t kSmallTaskBytes = JobPayload::kInlineBytes;
-
-// Encodes up to `limit` elements from [it, end) as one task message into `job` (payload, loan,
-// attachments); returns how many it took.
-template <class F, class Element, bool Spread, class It, class End>
-std::size_t encode_task(Job& job, F f, It& it, const End& end, std::size_t limit) {
-  Writer w(&job.blocks);  // tensors name their blocks in the job's table
-  w.buffer() = take_spare_buffer();
-  // A small task in one allocation: the vector's growth from empty would make several.
-  w.buffer().reserve(kSmallTaskBytes);
-  write_task_head(w, reinterpret_cast<std::uintptr_t>(&Call<F, Element, Spread>::invoke), function_bits(f));
-  std::size_t count = 0;
-  if constexpr (Bitwise<Element> && std::contiguous_iterator<It> && std::sized_sentinel_for<End, It> &&
-                std::is_same_v<std::iter_value_t<It>, Element>) {
-    // Plain numbers in contiguous memory: one copy for the whole chunk.
-    count = std::min<std::size_t>(limit, static_cast<std::size_t>(end - it));
-    w.write_bytes(std::to_address(it), count * sizeof(Element));
-    it += static_cast<std::iter_difference_t<It>>(count);
-  } else {
-    for (; count < limit && it != end; ++count, ++it) w.write(static_cast<Element>(*it));
-  }
-  job.range = {count, 0, count};
-  write_task_tail(w, job.range, job.blocks);
-  job.payload = std::move(w.buffer());
-  job.attachments = std::move(w.attachments());
-  return count;
-}
+// Rewrites the range in an encoded task message (a part of a chunk sent again after its worker
+// died: the same payload, another range). `table_bytes`: the size of its block table.
+void rewrite_task_range(std::span<std::byte> payload, std::size_t table_bytes, const ElementRange& range);
 
 // A task message as the worker runs it.
 struct TaskCall {

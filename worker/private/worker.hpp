@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include <forkpool/pool/pool_options.hpp>
+#include <forkpool/worker/start_method.hpp>
 #include <forkpool/runtime/private/loaded_objects.hpp>
 #include <forkpool/runtime/unique_fd.hpp>
 
