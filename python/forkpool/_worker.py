@@ -78,7 +78,11 @@ def run(kind: int, function: bytes, data: bytes, tensors: list) -> tuple[bytes, 
 def outcome_of(data: bytes, tensors: list) -> tuple:
     """In the caller: an answer as (True, value) or (False, exception), the exception's
     __cause__ the worker's traceback (as CPython attaches it)."""
-    outcome = _pickling.loads(data, tensors)
+    return settle(_pickling.loads(data, tensors))
+
+
+def settle(outcome: tuple) -> tuple:
+    """outcome_of's answer, unpickled."""
     if outcome[0] == "ok":
         return (True, outcome[1])
     if outcome[2]:

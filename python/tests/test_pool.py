@@ -115,6 +115,22 @@ def test_ready_successful_wait_and_a_get_that_times_out(pool):
     assert not failed.successful()
 
 
+def test_get_and_wait_take_timeout_by_place_or_keyword_and_nothing_else(pool):
+    result = pool.apply_async(sleep_then, (0.2, "done"))
+    with pytest.raises(multiprocessing.TimeoutError):
+        result.get(0.01)
+    result.wait(timeout=10)
+    assert result.get(timeout=None) == "done" and result.get(10) == "done"
+    with pytest.raises(TypeError, match="at most 1 argument"):
+        result.get(1, 2)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'seconds'"):
+        result.wait(seconds=1)
+    with pytest.raises(TypeError):
+        result.get("soon")
+    with pytest.raises(TypeError):  # made by apply_async only
+        type(result)()
+
+
 def test_callbacks_run_with_the_result_or_the_error(pool):
     results, errors = [], []
     pool.apply_async(square, (3,), callback=results.append).wait(10)
