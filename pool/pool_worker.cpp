@@ -124,6 +124,7 @@ bool PoolWorker::send(std::uint64_t id, std::shared_ptr<Job> job, bool may_wait_
 std::shared_ptr<Job> PoolWorker::withdraw(std::uint64_t id) {
   auto it = find_in_flight(id);
   if (it == in_flight_.end() || exited() || !slot().withdraw(id)) return nullptr;
+  oldest_withdrawn_ = withdrawn_.empty() ? id : std::min(oldest_withdrawn_, id);
   withdrawn_.push_back(id);
   std::shared_ptr<Job> job = std::move(it->second);
   in_flight_.erase(it);
@@ -140,8 +141,11 @@ bool PoolWorker::claim_word_free(std::uint64_t id) const noexcept {
   auto same_word = [id](std::uint64_t other) {
     return RunningSlot::claim_index(other) == RunningSlot::claim_index(id);
   };
-  // The usual case at a glance: ids rise, so those within the last kClaims use other words.
-  if (withdrawn_.empty() && (in_flight_.empty() || id - in_flight_.front().first < RunningSlot::kClaims)) return true;
+  // The usual case at a glance: ids rise, so those within the last kClaims use other words (the
+  // oldest in flight is the first: they are sent in rising order).
+  auto recent = [id](std::uint64_t oldest) { return id - oldest < RunningSlot::kClaims; };
+  if ((withdrawn_.empty() || recent(oldest_withdrawn_)) && (in_flight_.empty() || recent(in_flight_.front().first)))
+    return true;
   return std::none_of(withdrawn_.begin(), withdrawn_.end(), same_word) &&
          std::none_of(in_flight_.begin(), in_flight_.end(), [&](const auto& entry) { return same_word(entry.first); });
 }
@@ -151,7 +155,9 @@ void PoolWorker::forget_passed_withdrawn() noexcept {
   // Passed: the worker stores the id of each task message before it exchanges that task's claim
   // word, so one it stored a later id for has been settled (an equal one may not be yet).
   std::uint64_t read = slot().request_id.load(std::memory_order_acquire);
+  if (oldest_withdrawn_ >= read) return;  // none passed (most calls: no scan)
   std::erase_if(withdrawn_, [read](std::uint64_t id) { return id < read; });
+  if (!withdrawn_.empty()) oldest_withdrawn_ = *std::min_element(withdrawn_.begin(), withdrawn_.end());
 }
 
 bool PoolWorker::has_claim_words_left() noexcept {

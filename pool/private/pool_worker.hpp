@@ -230,6 +230,7 @@ class PoolWorker : public std::enable_shared_from_this<PoolWorker> {
   // Jobs withdrawn whose messages the worker may not have read yet: their claim words stay taken
   // until it stores a later request id (has_claim_words_left lets go of them).
   std::vector<std::uint64_t> withdrawn_;
+  std::uint64_t oldest_withdrawn_ = 0;  // the least of withdrawn_, when it has any
   // Jobs to send, in order: a job may rely on a slab an earlier one introduced, and two sends in
   // flight at once could overtake each other when the socket is full.
   std::deque<std::pair<std::uint64_t, std::shared_ptr<Job>>> outbox_;
