@@ -140,26 +140,49 @@ py::handle function_of(const std::string& pickled) {
   return kept.emplace(pickled, std::move(function)).first->second;
 }
 
-// apply_async's call of a function pickled by reference, with no tensors: run without a Python
-// frame of ours. Its outcome as forkpool._worker.run gives it; a value that is not plain (it
-// may hold tensors) and an exception are answered by forkpool._worker.
-Message run_plain_call(const std::string& function, const std::string& argument) {
+// How a call runs its function (forkpool._worker's CALL, MAP, STARMAP).
+enum CallKind { kCall = 0, kMap = 1, kStarmap = 2 };
+
+// Runs `function` on `argument` as `kind` says (forkpool._worker._RUNNERS), with the GIL.
+py::object run_kind(int kind, const py::handle& function, const py::object& argument) {
+  auto checked = [](PyObject* result) {
+    if (!result) throw py::error_already_set();
+    return py::reinterpret_steal<py::object>(result);
+  };
+  if (kind == kCall) {  // (args, kwds)
+    py::tuple job = argument;
+    py::object args = job[0], kwds = job[1];
+    if (!PyTuple_Check(args.ptr())) args = py::tuple(args);
+    return checked(PyObject_Call(function.ptr(), args.ptr(), kwds.ptr()));
+  }
+  py::sequence chunk = argument;  // a chunk of map (items) or of starmap (argument tuples)
+  py::list results(py::len(chunk));
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    py::object item = chunk[i];
+    if (kind == kStarmap && !PyTuple_Check(item.ptr())) item = py::tuple(item);
+    PyObject* result = kind == kMap ? PyObject_CallOneArg(function.ptr(), item.ptr())
+                                    : PyObject_Call(function.ptr(), item.ptr(), nullptr);
+    PyList_SET_ITEM(results.ptr(), static_cast<Py_ssize_t>(i), checked(result).release().ptr());
+  }
+  return results;
+}
+
+// A call of a function pickled by reference, with no tensors: run without a Python frame of
+// ours. Its outcome as forkpool._worker.run gives it; a value that is not plain (it may hold
+// tensors) and an exception are answered by forkpool._worker.
+Message run_plain_call(int kind, const std::string& function, const std::string& argument) {
   static py::handle loads = kept_attribute("pickle", "loads");
   static py::handle answer = worker_function("answer");
   py::object value;
   try {
-    py::tuple job = loads(py::bytes(argument));  // (args, kwds)
-    py::object args = job[0], kwds = job[1];
-    if (!PyTuple_Check(args.ptr())) args = py::tuple(args);
-    PyObject* result = PyObject_Call(function_of(function).ptr(), args.ptr(), kwds.ptr());
-    if (!result) throw py::error_already_set();
-    value = py::reinterpret_steal<py::object>(result);
+    value = run_kind(kind, function_of(function), loads(py::bytes(argument)));
   } catch (py::error_already_set& error) {  // its traceback too: the text the caller sees
     py::object exception = error.value();
     if (error.trace()) PyException_SetTraceback(exception.ptr(), error.trace().ptr());
     return to_message(answer(exception, true));
   }
-  if (is_plain_value(value)) return {pickle_plain(py::make_tuple("ok", value)), {}};
+  bool plain = kind == kCall ? is_plain_value(value) : is_plain_sequence(py::reinterpret_borrow<py::list>(value));
+  if (plain) return {pickle_plain(py::make_tuple("ok", value)), {}};
   return to_message(answer(value, false));
 }
 
@@ -168,9 +191,9 @@ Message run_call(Call call) {
   py::gil_scoped_acquire gil;
   static py::handle run = worker_function("run");
   auto& [kind, function, argument, tensors] = call;
-  constexpr int kCall = 0;  // forkpool._worker.CALL
   try {
-    if (kind == kCall && !function.empty() && tensors.empty()) return run_plain_call(function, argument);
+    if (!function.empty() && tensors.empty() && kind >= kCall && kind <= kStarmap)
+      return run_plain_call(kind, function, argument);
     return to_message(run(kind, py::bytes(function), py::bytes(argument), std::move(tensors)));
   } catch (py::error_already_set& error) {  // forkpool._worker.run catches what a call raises
     throw std::runtime_error(std::string("forkpool._worker.run failed: ") + error.what());
@@ -489,7 +512,6 @@ class ApplyCallPickler {
   Call pickle(const py::object& func, const py::object& args, const py::object& kwds) {
     static py::handle pickled_function = kept_attribute("forkpool._pickling", "pickled_function");
     static py::handle dumps = kept_attribute("forkpool._pickling", "dumps");
-    constexpr int kCall = 0;  // forkpool._worker.CALL
     std::string function;
     if (auto kept = function_pickles_.find(func.ptr()); kept != function_pickles_.end()) {
       function = kept->second.second;
