@@ -57,24 +57,34 @@ def _rebuild_parameter(index: int, requires_grad: bool) -> torch.nn.Parameter:
     return torch.nn.Parameter(_rebuild_tensor(index, False), requires_grad=requires_grad)
 
 
-def _reduce_tensor(tensor: torch.Tensor) -> tuple:
-    _check_sendable(tensor)
-    if tensor.requires_grad and not tensor.is_leaf:  # torch.multiprocessing's words
+def _share(tensor: torch.Tensor) -> int:
+    """The index of `tensor` among the message's tensors, moved into shared memory first if it is
+    not there yet (after the checks that say why it cannot cross)."""
+    requires_grad = tensor.requires_grad
+    if requires_grad and not tensor.is_leaf:  # torch.multiprocessing's words
         raise RuntimeError("Cowardly refusing to serialize non-leaf tensor which requires_grad, since autograd "
                            "does not support crossing process boundaries.  If you just want to transfer the data, "
                            "call detach() on the tensor before serializing (e.g., putting it on the queue).")
-    if not _forkpool.is_shared(tensor):
+    if not _forkpool.is_shared(tensor):  # (a shared one is a dense CPU tensor: no check to make)
+        _check_sendable(tensor)
         with torch.no_grad():
             _forkpool.share_memory_(tensor)
     tensors = _current.tensors
-    tensors.append(tensor.detach())
-    rebuild = _rebuild_parameter if isinstance(tensor, torch.nn.Parameter) else _rebuild_tensor
-    return (rebuild, (len(tensors) - 1, tensor.requires_grad))
+    tensors.append(tensor.detach() if requires_grad else tensor)  # (requires_grad crosses in the pickle)
+    return len(tensors) - 1
+
+
+def _reduce_tensor(tensor: torch.Tensor) -> tuple:
+    return (_rebuild_tensor, (_share(tensor), tensor.requires_grad))
+
+
+def _reduce_parameter(parameter: torch.nn.Parameter) -> tuple:
+    return (_rebuild_parameter, (_share(parameter), parameter.requires_grad))
 
 
 _dispatch = copyreg.dispatch_table.copy()
 _dispatch[torch.Tensor] = _reduce_tensor
-_dispatch[torch.nn.Parameter] = _reduce_tensor
+_dispatch[torch.nn.Parameter] = _reduce_parameter
 
 
 class _Pickler(pickle.Pickler):

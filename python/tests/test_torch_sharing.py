@@ -93,6 +93,7 @@ def test_non_leaf_variable_sharing_is_refused():
     with forkpool.Pool(1) as pool:
         with pytest.raises(RuntimeError, match="non-leaf"):
             pool.apply_async(sum_and_grad, (var,))
+        assert not forkpool.is_shared(var)  # refused before anything moved
         assert pool.apply(sum_and_grad, (var.detach(),))[0] == 650.0
 
 
