@@ -16,6 +16,8 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <tuple>
+
 #include <forkpool/forkpool.hpp>
 #include <forkpool/runtime/private/fork_hooks.hpp>
 #include <forkpool/runtime/private/process.hpp>
@@ -24,6 +26,7 @@
 #include "ext/calls.hpp"
 #include "ext/core_pool.hpp"
 #include "ext/executor.hpp"
+#include "ext/future_condition.hpp"
 #include "ext/imap.hpp"
 #include "ext/queue.hpp"
 #include "ext/results.hpp"
@@ -100,9 +103,13 @@ PYBIND11_MODULE(_forkpool, m) {
       .def("cancel", &CallResult::cancel)
       .def("when_ready", &CallResult::when_ready);
 
-  apply_result_type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&apply_result_spec));
-  if (!apply_result_type) throw py::error_already_set();
-  m.add_object("ApplyResult", py::handle(reinterpret_cast<PyObject*>(apply_result_type)));  // (kept for ever)
+  // The plain types (ext/plain_type.hpp), kept for ever.
+  for (auto [type, spec, name] : {std::tuple{&apply_result_type, &apply_result_spec, "ApplyResult"},
+                                  std::tuple{&future_condition_type, &future_condition_spec, "FutureCondition"}}) {
+    *type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(spec));
+    if (!*type) throw py::error_already_set();
+    m.add_object(name, py::handle(reinterpret_cast<PyObject*>(*type)));
+  }
 
   py::class_<IMapIterator>(m, "IMapIterator")
       .def("__iter__", [](py::object self) { return self; })

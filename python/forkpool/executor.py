@@ -35,6 +35,25 @@ def _chain_results(chunks: Iterator) -> Iterator:
         yield from chunk
 
 
+class Future(concurrent.futures.Future):
+    """A concurrent.futures.Future whose condition is a _forkpool.FutureCondition: one object the
+    cyclic collector does not track, where threading.Condition is eight (with 100,000 futures
+    alive, the collector's passes over them were most of a submit's time)."""
+
+    def __init__(self) -> None:
+        self._condition = _forkpool.FutureCondition()
+        self._state = concurrent.futures._base.PENDING
+        self._result = None
+        self._exception = None
+        self._waiters: list = []
+        self._done_callbacks: list = []
+
+
+# Future.__init__ sets these and no more (CPython 3.11): one that sets others is used as it is.
+if set(vars(concurrent.futures.Future())) != set(vars(Future())):
+    Future = concurrent.futures.Future  # type: ignore[misc] # noqa: F811
+
+
 # Executors still running at the interpreter's exit: shut down (waiting for their calls) before it
 # finalizes, as CPython's executors are; their threads take the GIL to settle futures.
 _live: "weakref.WeakSet[Executor]" = weakref.WeakSet()
@@ -72,7 +91,7 @@ class Executor(concurrent.futures.Executor):
         with self._shutdown_lock:
             if self._shutdown:
                 raise RuntimeError("cannot schedule new futures after shutdown")
-            future: concurrent.futures.Future = concurrent.futures.Future()
+            future: concurrent.futures.Future = Future()
             try:
                 self._core.submit(future, fn, args, kwargs)
             except Exception as error:  # cannot be pickled, say: the future says so

@@ -130,3 +130,74 @@ def test_a_program_that_exits_without_shutdown_waits_for_its_calls(tmp_path):
                             env=os.environ.copy())
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "settled 7"
+
+
+def sleep_then(seconds, value):
+    time.sleep(seconds)
+    return value
+
+
+def test_futures_are_concurrent_futures_the_collector_hardly_sees():
+    import gc
+    with forkpool.Executor(max_workers=1) as executor:
+        future = executor.submit(square, 3)
+        assert isinstance(future, concurrent.futures.Future)
+        assert future.result(timeout=20) == 9
+        # A threading.Condition is eight objects the cyclic collector tracks; forkpool's is none.
+        assert not gc.is_tracked(future._condition)
+        slow = executor.submit(sleep_then, 0.5, "late")
+        with pytest.raises(concurrent.futures.TimeoutError):
+            slow.result(timeout=0.05)
+        assert slow.exception(timeout=20) is None and slow.result() == "late"
+
+
+def test_the_futures_condition_is_a_reentrant_lock_and_a_condition():
+    import threading
+    condition = forkpool._forkpool.FutureCondition()
+    with pytest.raises(RuntimeError, match="un-acquired"):
+        condition.release()
+    with pytest.raises(RuntimeError, match="un-acquired"):
+        condition.notify_all()
+    with condition:
+        assert condition.acquire() and condition.acquire(blocking=False)  # reentrant
+        condition.release()
+        condition.release()
+        taken = []
+        other = threading.Thread(target=lambda: taken.append(condition.acquire(True, 0.05)))
+        other.start()
+        other.join()
+        assert taken == [False]  # held here: another thread waits its timeout out
+        assert condition.wait(0.01) is False  # nobody notified
+    woken = []
+
+    def waiter():
+        with condition:
+            woken.append(condition.wait(20))
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    while not woken:
+        with condition:
+            condition.notify_all()
+        time.sleep(0.01)
+    thread.join(20)
+    assert woken == [True]
+    assert condition.acquire(blocking=False)  # free again, after the waiter let go
+    condition.release()
+
+
+def test_ctrl_c_during_a_futures_result_ends_the_wait_at_once():
+    with forkpool.Executor(max_workers=1) as executor:
+        future = executor.submit(sleep_then, 2, "late")
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        previous = signal.signal(signal.SIGALRM, lambda *_: os.kill(os.getpid(), signal.SIGINT))
+        try:
+            start = time.monotonic()
+            with pytest.raises(KeyboardInterrupt):
+                future.result(timeout=20)
+            assert time.monotonic() - start < 1.5
+        finally:
+            signal.signal(signal.SIGALRM, previous)
+        future.cancel()
+        with future._condition:  # the interrupted wait let the lock go
+            pass

@@ -13,6 +13,7 @@
 #include <forkpool/forkpool.hpp>
 
 #include "calls.hpp"
+#include "plain_type.hpp"
 #include "waits.hpp"
 
 namespace forkpool_python {
@@ -113,58 +114,12 @@ class ApplyResult {
 // ApplyResult as Python sees it: a plain CPython type, not a pybind11 class. pybind11 registers
 // each instance of its classes in a table, erases it at the end, and looks the class up by name
 // on every return: a fifth of the parent's time in 100,000 apply_async calls (perf).
-struct ApplyResultObject {
-  PyObject_HEAD ApplyResult result;  // built in place (make_apply_result), destroyed in dealloc
-};
 inline PyTypeObject* apply_result_type = nullptr;
-
-// Raises a C++ exception in Python as pybind11 would (its registered translators: WorkerLost,
-// TimeoutError...), by calling a function pybind11 wraps that rethrows it. Returns null.
-inline PyObject* raise_cpp_exception(std::exception_ptr error) {
-  static py::handle rethrow = py::cpp_function([](std::uintptr_t error) {
-                                std::rethrow_exception(*reinterpret_cast<std::exception_ptr*>(error));
-                              }).release();
-  py::object address = py::int_(reinterpret_cast<std::uintptr_t>(&error));
-  PyObject* none = PyObject_CallOneArg(rethrow.ptr(), address.ptr());
-  Py_XDECREF(none);  // (never: it always raises)
-  return nullptr;
-}
 
 // Calls `method` on the ApplyResult of `self`, turning what it throws into a Python exception.
 template <class Method>
 inline PyObject* call_on_apply_result(PyObject* self, Method method) {
-  try {
-    return method(reinterpret_cast<ApplyResultObject*>(self)->result).release().ptr();
-  } catch (py::error_already_set& error) {
-    error.restore();
-    return nullptr;
-  } catch (...) {
-    return raise_cpp_exception(std::current_exception());
-  }
-}
-
-// The `timeout` of wait(timeout=None) and get(timeout=None), by place or keyword (METH_FASTCALL |
-// METH_KEYWORDS); throws TypeError (error_already_set) for anything else.
-inline std::optional<double> timeout_argument(PyObject* const* args, Py_ssize_t count, PyObject* names,
-                                              const char* method) {
-  Py_ssize_t keywords = names ? PyTuple_GET_SIZE(names) : 0;
-  PyObject* timeout = nullptr;
-  if (count + keywords > 1) {
-    PyErr_Format(PyExc_TypeError, "%s() takes at most 1 argument (%zd given)", method, count + keywords);
-    throw py::error_already_set();
-  }
-  if (count == 1) timeout = args[0];
-  if (keywords == 1) {
-    if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(names, 0), "timeout") != 0) {
-      PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%U'", method, PyTuple_GET_ITEM(names, 0));
-      throw py::error_already_set();
-    }
-    timeout = args[0];
-  }
-  if (!timeout || timeout == Py_None) return std::nullopt;
-  double seconds = PyFloat_AsDouble(timeout);
-  if (seconds == -1.0 && PyErr_Occurred()) throw py::error_already_set();
-  return seconds;
+  return guarded([&] { return method(value_of<ApplyResult>(self)); });
 }
 
 inline PyObject* apply_result_ready(PyObject* self, PyObject*) {
@@ -190,13 +145,6 @@ inline PyObject* apply_result_cancel(PyObject* self, PyObject*) {
   });
 }
 
-inline void apply_result_dealloc(PyObject* self) {
-  PyTypeObject* type = Py_TYPE(self);
-  reinterpret_cast<ApplyResultObject*>(self)->result.~ApplyResult();
-  type->tp_free(self);
-  Py_DECREF(type);  // a heap type: each instance holds a reference
-}
-
 inline PyMethodDef apply_result_methods[] = {
     {"ready", apply_result_ready, METH_NOARGS, "True once the call has finished."},
     {"wait", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(apply_result_wait)),
@@ -211,20 +159,17 @@ inline PyMethodDef apply_result_methods[] = {
 };
 
 inline PyType_Slot apply_result_slots[] = {
-    {Py_tp_dealloc, reinterpret_cast<void*>(apply_result_dealloc)},
+    {Py_tp_dealloc, reinterpret_cast<void*>(&dealloc_plain<ApplyResult>)},
     {Py_tp_methods, apply_result_methods},
     {Py_tp_doc, const_cast<char*>("The result of Pool.apply_async without callbacks.")},
     {0, nullptr},
 };
-inline PyType_Spec apply_result_spec = {"forkpool._forkpool.ApplyResult", sizeof(ApplyResultObject), 0,
+inline PyType_Spec apply_result_spec = {"forkpool._forkpool.ApplyResult", sizeof(PlainObject<ApplyResult>), 0,
                                         Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION, apply_result_slots};
 
 // A new ApplyResult over `result`. With the GIL.
 inline py::object make_apply_result(fp::AsyncResult<Message> result) {
-  PyObject* self = apply_result_type->tp_alloc(apply_result_type, 0);
-  if (!self) throw py::error_already_set();
-  new (&reinterpret_cast<ApplyResultObject*>(self)->result) ApplyResult(std::move(result));
-  return py::reinterpret_steal<py::object>(self);
+  return make_plain<ApplyResult>(apply_result_type, std::move(result));
 }
 
 }  // namespace forkpool_python
