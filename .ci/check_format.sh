@@ -12,7 +12,7 @@ if [ -z "$format" ]; then echo "format: clang-format 14 not installed: skipped";
 if [ -d .git ] && command -v git >/dev/null; then
   files=$(git ls-files '*.cpp' '*.hpp' '*.h' '*.c' | grep -v '^subprojects/' || true)
 else
-  files=$(find runtime ipc shm sync pool mpi torch tests bench examples include -name '*.[ch]pp' -o -name '*.[ch]' | sort)
+  files=$(find runtime ipc shm sync worker pool data mpi torch python tests bench examples include -name '*.[ch]pp' -o -name '*.[ch]' | sort)
 fi
 bad=0
 for f in $files; do
