@@ -2,10 +2,11 @@
 //
 // A Python call crosses as one forkpool task, run_call(payload): its pickle bytes, and the CPU
 // tensors it holds beside them, out of band (forkpool-torch's codec: blocks of shared slabs, never
-// bytes). The worker unpickles and runs it in forkpool._worker, and its answer crosses back the
-// same way. What is better written in Python (pickling, chunks, results, exceptions) is in
-// forkpool/*.py; this file holds the pool, the waits (the GIL released, Ctrl-C seen) and the
-// interpreter's care around fork().
+// bytes). The worker runs it (in C++ when it is a plain call of a function named by reference,
+// else in forkpool._worker), and its answer crosses back the same way. What is better written in
+// Python (pickling, chunks, results, exceptions) is in forkpool/*.py; the C++ is in ext/, one
+// header per concept; this file holds the interpreter's care around fork(), the errors and the
+// bindings.
 //
 // Thread: a CorePool belongs to the thread that made it, as forkpool::Pool does; every call from
 // another thread raises RuntimeError.
