@@ -79,7 +79,7 @@ def main():
             theirs, mine = measure(cpython), measure(ours)
             rows.append((name, "multiprocessing.Pool", theirs, mine))
     with forkpool.Pool(2) as ours, tmp.get_context("fork").Pool(2) as torch_pool:
-        for nbytes, n in ((4 << 10, 500), (1 << 20, 200), (64 << 20, 10)):
+        for nbytes, n in ((4 << 10, 500), (1 << 20, 200), (64 << 20, 100)):
             theirs = tensor_round_trip(torch_pool, nbytes, n)
             mine = tensor_round_trip(ours, nbytes, n)
             rows.append((f"tensor round trip {nbytes >> 10} KiB", "torch.multiprocessing.Pool", theirs, mine))
