@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing
+import pickle
 import queue
 import random
 import traceback
@@ -60,9 +61,14 @@ def _default_collate(batch: list) -> Any:
 
 
 # What workers find by key: a loader's dataset and functions, inherited through the fork that
-# started them (so nothing of them is pickled).
+# started them (so nothing of them is pickled), or, in a spawned worker, installed from a pickle.
 _loaders: dict = {}
 _next_key = itertools.count()
+
+
+def _install_loader(key: int, state: bytes) -> None:
+    """A spawned worker's initializer: its copy of loader `key`'s dataset and functions."""
+    _loaders[key] = pickle.loads(state)
 
 
 def _become_worker(state: dict, worker_id: int, num_workers: int, base_seed: int) -> Any:
@@ -157,9 +163,10 @@ class DataLoader:
             persistent_workers=persistent_workers)
         if multiprocessing_context is not None and not isinstance(multiprocessing_context, str):
             multiprocessing_context = multiprocessing_context.get_start_method()
-        if multiprocessing_context not in (None, "fork", "forkserver"):
+        supported = ("fork", "forkserver") if isinstance(dataset, IterableDataset) else ("fork", "forkserver", "spawn")
+        if multiprocessing_context not in (None,) + supported:
             raise ValueError(f"forkpool.DataLoader: multiprocessing_context {multiprocessing_context!r} is not "
-                             "supported (fork, forkserver)")
+                             f"supported for this dataset ({', '.join(supported)})")
         self.dataset = dataset
         self.batch_size = batch_size
         self.num_workers = num_workers
@@ -201,7 +208,14 @@ class DataLoader:
 
     def _workers(self) -> Pool:
         if self._pool is None:
-            self._pool = Pool(self.num_workers, start_method=self.multiprocessing_context)
+            if self.multiprocessing_context == "spawn":
+                # A fresh interpreter inherits nothing: each worker gets a pickled copy of the
+                # dataset and functions, as torch's spawned workers do.
+                state = pickle.dumps(_loaders[self._key], 5)
+                self._pool = Pool(self.num_workers, start_method="spawn", initializer=_install_loader,
+                                  initargs=(self._key, state))
+            else:
+                self._pool = Pool(self.num_workers, start_method=self.multiprocessing_context)
         return self._pool
 
     def _release_workers(self) -> None:

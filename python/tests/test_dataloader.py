@@ -92,6 +92,29 @@ def test_samplers_batch_samplers_drop_last_and_collate_fn():
     assert [label for _, label in loader] == list(range(10))
 
 
+# Filled by the test process only: a forked worker would see it filled, a spawned one does not.
+FILLED_IN_THE_PARENT = []
+
+
+def in_a_fresh_interpreter(worker_id):
+    assert not FILLED_IN_THE_PARENT, "a worker that was forked, not spawned"
+    seeds(worker_id)
+
+
+def test_spawned_workers_get_a_copy_of_the_dataset_and_the_same_batches():
+    # Under spawn the dataset and functions are pickled to each worker (a fresh interpreter).
+    FILLED_IN_THE_PARENT.append(True)
+    ours, theirs = both(dataset=Squares(40), batch_size=8, shuffle=True, num_workers=2,
+                        worker_init_fn=in_a_fresh_interpreter, multiprocessing_context="spawn",
+                        persistent_workers=True)
+    for _ in range(2):
+        equal_batches(list(ours), list(theirs))
+    ours.close()
+    FILLED_IN_THE_PARENT.clear()
+    with pytest.raises(ValueError, match="not supported for this dataset"):
+        forkpool.DataLoader(Sharded(10), num_workers=2, multiprocessing_context="spawn")
+
+
 def test_worker_init_fn_and_get_worker_info_answer_as_in_torchs_workers():
     loader = forkpool.DataLoader(Squares(20), batch_size=4, num_workers=2, worker_init_fn=seeds)
     assert len(list(loader)) == 5
