@@ -181,11 +181,6 @@ inline PyObject* future_condition_notify_all(PyObject* self, PyObject* const*, P
   });
 }
 
-template <class Function>
-PyCFunction as_method(Function function) {
-  return reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(function));
-}
-
 inline PyMethodDef future_condition_methods[] = {
     {"acquire", as_method(future_condition_acquire), METH_FASTCALL | METH_KEYWORDS,
      "acquire(blocking=True, timeout=-1), as RLock's."},

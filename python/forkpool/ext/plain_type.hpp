@@ -61,6 +61,12 @@ inline PyObject* raise_cpp_exception(std::exception_ptr error) {
   return nullptr;
 }
 
+// A METH_FASTCALL function as the PyCFunction a PyMethodDef holds.
+template <class Function>
+PyCFunction as_method(Function function) {
+  return reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(function));
+}
+
 // Runs `body` (which returns a py::object) for a method of a plain type: what it throws becomes
 // a Python exception and the method returns null.
 template <class Body>

@@ -147,10 +147,9 @@ inline PyObject* apply_result_cancel(PyObject* self, PyObject*) {
 
 inline PyMethodDef apply_result_methods[] = {
     {"ready", apply_result_ready, METH_NOARGS, "True once the call has finished."},
-    {"wait", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(apply_result_wait)),
-     METH_FASTCALL | METH_KEYWORDS, "wait(timeout=None): until the call has finished, or timeout seconds."},
-    {"get", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(apply_result_get)),
-     METH_FASTCALL | METH_KEYWORDS,
+    {"wait", as_method(apply_result_wait), METH_FASTCALL | METH_KEYWORDS,
+     "wait(timeout=None): until the call has finished, or timeout seconds."},
+    {"get", as_method(apply_result_get), METH_FASTCALL | METH_KEYWORDS,
      "get(timeout=None): the call's value; raises its exception, or multiprocessing.TimeoutError."},
     {"successful", apply_result_successful, METH_NOARGS,
      "Whether the call returned without raising; ValueError while not ready."},
