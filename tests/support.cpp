@@ -78,6 +78,15 @@ char process_state(pid_t pid) {
   return text[close_paren + 2];
 }
 
+double time_scale() {
+  static const double scale = [] {
+    const char* text = std::getenv("FORKPOOL_TEST_TIME_SCALE");
+    double value = text != nullptr ? std::strtod(text, nullptr) : 1.0;
+    return value >= 1.0 ? value : 1.0;
+  }();
+  return scale;
+}
+
 std::chrono::milliseconds cpu_time_of(pid_t pid) {
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
   std::string line;

@@ -72,10 +72,21 @@ char process_state(pid_t pid);
 // The children of this process named `name` (comm), e.g. "forkpool-zygote".
 std::vector<pid_t> children_named(const std::string& name);
 
-// Polls `condition` every 5 ms until it holds (true) or `limit` passes (false).
+// How many times longer a wall-clock bound may be here: FORKPOOL_TEST_TIME_SCALE, 1 unless set.
+// meson.build's test setups set it with the same timeout multiplier (under a sanitizer everything
+// is slower; with suites sharing the cores a wake-up can come late).
+double time_scale();
+
+// `bound` times time_scale(): every upper bound a test puts on elapsed time goes through it.
+template <class Rep, class Period>
+std::chrono::nanoseconds scaled(std::chrono::duration<Rep, Period> bound) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(bound * time_scale());
+}
+
+// Polls `condition` every 5 ms until it holds (true) or scaled(`limit`) passes (false).
 template <class F>
 bool eventually(F condition, std::chrono::milliseconds limit = std::chrono::seconds(3)) {
-  for (auto deadline = std::chrono::steady_clock::now() + limit; std::chrono::steady_clock::now() < deadline;) {
+  for (auto deadline = std::chrono::steady_clock::now() + scaled(limit); std::chrono::steady_clock::now() < deadline;) {
     if (condition()) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }

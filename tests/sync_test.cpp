@@ -1362,9 +1362,10 @@ TEST_P(SyncTest, CPythonQueueTestPut) {
   EXPECT_FALSE(queue.empty());
   EXPECT_TRUE(queue.full());
   for (int i = 0; i < 3; ++i)  // put(7, False), put(7, False, None), put_nowait(7): Full at once
-    EXPECT_LT(elapsed_in([&] { EXPECT_FALSE(queue.put_nowait(7)); }), kDelta);
+    EXPECT_LT(elapsed_in([&] { EXPECT_FALSE(queue.put_nowait(7)); }), test_support::scaled(kDelta));
   EXPECT_GE(elapsed_in([&] { EXPECT_FALSE(queue.put(7, kTimeout1)); }), kTimeout1);
-  EXPECT_LT(elapsed_in([&] { EXPECT_FALSE(queue.put_nowait(7)); }), kDelta);  // put(7, False, TIMEOUT2)
+  EXPECT_LT(elapsed_in([&] { EXPECT_FALSE(queue.put_nowait(7)); }),
+            test_support::scaled(kDelta));  // put(7, False, TIMEOUT2)
   EXPECT_GE(elapsed_in([&] { EXPECT_FALSE(queue.put(7, kTimeout3)); }), kTimeout3);
   child_can_start.set();
   ASSERT_TRUE(parent_can_continue.wait(20s));
@@ -1396,9 +1397,10 @@ TEST_P(SyncTest, CPythonQueueTestGet) {
   EXPECT_EQ(queue.get_nowait(), std::optional<int>(5));
   EXPECT_TRUE(queue.empty());
   for (int i = 0; i < 3; ++i)  // get(False), get(False, None), get_nowait(): Empty at once
-    EXPECT_LT(elapsed_in([&] { EXPECT_EQ(queue.get_nowait(), std::nullopt); }), kDelta);
+    EXPECT_LT(elapsed_in([&] { EXPECT_EQ(queue.get_nowait(), std::nullopt); }), test_support::scaled(kDelta));
   EXPECT_GE(elapsed_in([&] { EXPECT_EQ(queue.get(kTimeout1), std::nullopt); }), kTimeout1);
-  EXPECT_LT(elapsed_in([&] { EXPECT_EQ(queue.get_nowait(), std::nullopt); }), kDelta);  // get(False, TIMEOUT2)
+  EXPECT_LT(elapsed_in([&] { EXPECT_EQ(queue.get_nowait(), std::nullopt); }),
+            test_support::scaled(kDelta));  // get(False, TIMEOUT2)
   EXPECT_GE(elapsed_in([&] { EXPECT_EQ(queue.get(kTimeout3), std::nullopt); }), kTimeout3);
   EXPECT_TRUE(proc.join(20s));
 }
@@ -1521,7 +1523,7 @@ TEST_P(SyncTest, CPythonConnectionTestConnection) {
   using Clock = std::chrono::steady_clock;
   auto began = Clock::now();
   EXPECT_FALSE(conn.poll());
-  EXPECT_LT(Clock::now() - began, kDelta);  // assertTimingAlmostEqual(poll.elapsed, 0)
+  EXPECT_LT(Clock::now() - began, test_support::scaled(kDelta));  // assertTimingAlmostEqual(poll.elapsed, 0)
   began = Clock::now();
   EXPECT_FALSE(conn.poll(kDelta));  // TIMEOUT1
   EXPECT_GE(Clock::now() - began, kDelta);
@@ -1529,7 +1531,7 @@ TEST_P(SyncTest, CPythonConnectionTestConnection) {
   std::this_thread::sleep_for(kDelta);
   began = Clock::now();
   EXPECT_TRUE(conn.poll(kDelta));
-  EXPECT_LT(Clock::now() - began, kDelta);
+  EXPECT_LT(Clock::now() - began, test_support::scaled(kDelta));
   EXPECT_EQ(conn.recv(), "None");
   std::string really_big_msg(16 << 20, 'X');  // 16Mb
   conn.send(really_big_msg);
@@ -1781,7 +1783,7 @@ std::optional<int> cpython_kill_process(StartMethod method, void (Process::*stop
   for (auto timeout : {0ns, -1ns}) {
     auto began = std::chrono::steady_clock::now();
     EXPECT_FALSE(p.join(timeout));
-    EXPECT_LT(std::chrono::steady_clock::now() - began, kDelta);  // assertTimingAlmostEqual(0.0)
+    EXPECT_LT(std::chrono::steady_clock::now() - began, test_support::scaled(kDelta));  // assertTimingAlmostEqual(0.0)
     EXPECT_TRUE(p.is_alive());
   }
   std::this_thread::sleep_for(kDelta);
