@@ -200,25 +200,21 @@ if tensor:
         row("tensor: serialized bytes become slower than a shared tensor at", label)
 
 batch_sizes = [(64 << 10, "64 KiB"), (1 << 20, "1024 KiB"), (12 << 20, "12288 KiB")]
-loader = {}  # batch bytes -> (recycled, fresh, torch, warm fill) in batches/s
+loader = {}  # batch bytes -> (forkpool, torch, warm fill) in batches/s
 if tensor:
     for size, label in batch_sizes:
-        recycled = tensor.get(f"BM_DataLoader/{size}/1/real_time")
-        fresh = tensor.get(f"BM_DataLoader/{size}/0/real_time")
-        if not recycled:
+        imap_loader = tensor.get(f"BM_DataLoader/{size}/real_time")
+        if not imap_loader:
             continue
-        r = recycled["items_per_second"]
-        f = fresh["items_per_second"] if fresh else None
+        r = imap_loader["items_per_second"]
         torch = python_figure("py_dataloader.txt", r"batch " + label.split()[0] + r" KiB: ([\d.]+) batches/s")
         fill = python_figure("fill.txt", r"fill a warm " + label.split()[0] + r" KiB batch: ([\d.]+) batches/s")
-        loader[size] = (r, f, torch, fill)
+        loader[size] = (r, torch, fill)
         ratio = []
         if torch:
             ratio.append(f"{r / torch:.1f}x torch DataLoader ({torch:.0f}/s; target >= 10)")
         if fill:
             ratio.append(f"{r / fill:.2f}x one core's warm fill ({fill:.0f}/s; target >= 0.5 at 1 and 12 MiB)")
-        if f:
-            ratio.append(f"{r / f:.1f}x fresh memory per batch ({f:.0f}/s)")
         threads = python_figure("libtorch_dataloader.txt", r"batch " + label.split()[0] + r" KiB: ([\d.]+) batches/s")
         if threads:
             ratio.append(f"{r / threads:.2f}x libtorch's thread DataLoader ({threads:.0f}/s; target >= 1)")
@@ -347,8 +343,7 @@ def plot():
     if loader:
         xs = sorted(loader)
         fig, ax = plt.subplots(figsize=(6, 4))
-        series = [(0, "forkpool, recycled", "o-"), (1, "forkpool, fresh memory per batch", "^:"),
-                  (2, "torch DataLoader", "s--"), (3, "warm fill, one core (limit)", "k-")]
+        series = [(0, "forkpool", "o-"), (1, "torch DataLoader", "s--"), (2, "warm fill, one core (limit)", "k-")]
         for index, label, style in series:
             ys = [loader[x][index] for x in xs]
             if all(ys):

@@ -50,13 +50,6 @@ OutgoingFrame::OutgoingFrame(std::uint16_t kind, std::uint64_t request_id, std::
   }
 }
 
-std::vector<int> raw_fds(std::span<const UniqueFd> fds) {
-  std::vector<int> raw;
-  raw.reserve(fds.size());
-  for (const UniqueFd& fd : fds) raw.push_back(fd.get());
-  return raw;
-}
-
 FrameReceiver::FrameReceiver()
     : buffer_(sizeof(FrameHeader) + kInlinePayloadMax), control_(control_space(kMaxMessageFds)) {}
 

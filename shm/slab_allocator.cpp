@@ -52,18 +52,8 @@ std::size_t SlabAllocator::class_bytes(std::size_t index) noexcept {
   return (std::size_t{1} << p) + q * (std::size_t{1} << (p - 2));
 }
 
-void SlabAllocator::set_recycling(bool on) {
-  std::lock_guard lock(slab_lock());
-  recycling_ = on;
-}
-
 std::shared_ptr<detail::Storage> SlabAllocator::allocate(std::size_t bytes) {
-  bool recycling;
-  {
-    std::lock_guard lock(slab_lock());
-    recycling = recycling_;
-  }
-  if (!recycling || bytes > kLargestBlock) {
+  if (bytes > kLargestBlock) {
     // A slab of its own, unmapped when the block is freed.
     std::shared_ptr<detail::Slab> slab = detail::Slab::create(round_up(std::max<std::size_t>(bytes, 1), kPage));
     std::lock_guard lock(slab_lock());

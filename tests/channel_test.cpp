@@ -23,6 +23,13 @@ namespace forkpool {
 namespace {
 
 std::span<const std::byte> bytes_of(const std::string& s) { return std::as_bytes(std::span(s.data(), s.size())); }
+
+// The numbers of owned descriptors, to attach them to a frame.
+std::vector<int> raw_fds(std::span<const UniqueFd> fds) {
+  std::vector<int> raw;
+  for (const UniqueFd& fd : fds) raw.push_back(fd.get());
+  return raw;
+}
 std::string string_of(const detail::Message& m) {
   auto b = m.payload.bytes();
   return std::string(reinterpret_cast<const char*>(b.data()), b.size());
@@ -72,7 +79,7 @@ TEST(Channel, CarriesKindIdPayloadAndADescriptor) {
   auto [a, b] = detail::Channel::make_pair();
   std::vector<UniqueFd> fds;
   fds.push_back(pipe_read_end("through the pipe"));
-  a.send(7, 99, bytes_of("payload"), detail::raw_fds(fds));
+  a.send(7, 99, bytes_of("payload"), raw_fds(fds));
   detail::Message m = b.receive();
   EXPECT_EQ(m.kind, 7);
   EXPECT_EQ(m.request_id, 99u);
@@ -105,7 +112,7 @@ TEST(Channel, CarriesTheMaximumNumberOfDescriptors) {
   auto [a, b] = detail::Channel::make_pair();
   std::vector<UniqueFd> fds;
   for (std::size_t i = 0; i < detail::kMaxMessageFds; ++i) fds.push_back(pipe_read_end(std::to_string(i)));
-  a.send(1, 1, {}, detail::raw_fds(fds));
+  a.send(1, 1, {}, raw_fds(fds));
   detail::Message m = b.receive();
   ASSERT_EQ(m.fds.size(), detail::kMaxMessageFds);
   EXPECT_EQ(read_all(m.fds[0].get()), "0");
@@ -116,7 +123,7 @@ TEST(Channel, RefusesToSendMoreThanTheMaximumOfDescriptors) {
   auto [a, b] = detail::Channel::make_pair();
   std::vector<UniqueFd> fds;
   for (std::size_t i = 0; i <= detail::kMaxMessageFds; ++i) fds.push_back(pipe_read_end("x"));
-  EXPECT_THROW(a.send(1, 1, {}, detail::raw_fds(fds)), Error);
+  EXPECT_THROW(a.send(1, 1, {}, raw_fds(fds)), Error);
 }
 
 TEST(Channel, CarriesA64MiBPayloadThroughASealedMemfd) {
@@ -258,7 +265,7 @@ TEST(Channel, AsyncRoundTripWithAForkedEchoPeer) {
     try {
       for (;;) {
         detail::Message m = child.receive();
-        child.send(m.kind, m.request_id, m.payload.bytes(), detail::raw_fds(m.fds));
+        child.send(m.kind, m.request_id, m.payload.bytes(), raw_fds(m.fds));
       }
     } catch (const detail::ChannelClosed&) {}
     _exit(0);

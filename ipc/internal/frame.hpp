@@ -28,7 +28,7 @@ inline constexpr std::size_t kMaxMessageFds = 250;
 // a fresh memfd costs a page fault per 4 KiB on each side and an munmap (on these VMs ~20 µs a
 // fault, 0.7 ms an munmap of 64 KiB), so inline wins up to the most a socket's send buffer takes
 // in one datagram (Channel::inline_limit(); bench/ipc_bench measures both).
-inline constexpr std::size_t kInlinePayloadMax = 256 * 1024;
+inline constexpr std::size_t kInlinePayloadMax = std::size_t{256} * 1024;
 // Largest payload a receiver accepts at all.
 inline constexpr std::uint64_t kMaxPayload = std::uint64_t{1} << 40;
 
@@ -94,9 +94,6 @@ class OutgoingFrame {
   std::vector<std::byte> control_;
   msghdr msg_{};
 };
-
-// The numbers of owned descriptors, to attach them to a frame.
-std::vector<int> raw_fds(std::span<const UniqueFd> fds);
 
 // Receives frames: owns the buffers recvmsg() fills and turns what arrived into a Message,
 // validating everything. Descriptors are owned from the moment they arrive, so every error

@@ -39,11 +39,6 @@ class IndexBatch {
   std::size_t size() const noexcept { return is_run() ? static_cast<std::size_t>(count_) : list_.size(); }
   std::uint64_t operator[](std::size_t i) const noexcept { return is_run() ? first_ + i : list_[i]; }
   bool is_run() const noexcept { return list_.empty(); }
-  std::vector<std::uint64_t> to_vector() const {
-    std::vector<std::uint64_t> out(size());
-    for (std::size_t i = 0; i < out.size(); ++i) out[i] = (*this)[i];
-    return out;
-  }
 
  private:
   friend struct codec<IndexBatch>;

@@ -44,9 +44,6 @@ class SlabAllocator {
   // A block of at least `bytes` (its size is its class's). Throws std::system_error or
   // std::bad_alloc when no memory can be had.
   std::shared_ptr<Storage> allocate(std::size_t bytes);
-  // Off: every allocation gets a slab of its own, unmapped when freed (the behaviour before
-  // slabs; benchmarks compare the two).
-  void set_recycling(bool on);
 
   // Called by a block's storage as it is destroyed (slab_lock() not held).
   void give_back(Slab& slab, std::size_t offset);
@@ -76,7 +73,6 @@ class SlabAllocator {
   std::size_t cache_limit_ = kDefaultCacheLimit;
   std::size_t cached_bytes_ = 0;
   std::size_t in_use_bytes_ = 0;
-  bool recycling_ = true;
 };
 
 }  // namespace forkpool::detail
