@@ -27,7 +27,7 @@ struct DefaultCollate {
 template <>
 struct DefaultCollate<Tensor> {
   using Batch = Tensor;
-  static Tensor collate(std::vector<Tensor> samples) { return detail::stack(samples); }
+  static Tensor collate(const std::vector<Tensor>& samples) { return detail::stack(samples); }
 };
 
 }  // namespace forkpool

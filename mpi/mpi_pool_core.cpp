@@ -157,7 +157,7 @@ void MpiPoolCore::dispatch() {
       job->sink = std::move(wrapper);
       local_->submit_for_stream(std::move(job));
     } else {
-      send_remote(node, std::move(job));
+      send_remote(node, job);
     }
   }
   if (closed_ && pending_.empty() && streams_ == 0 && !local_closed_) {
@@ -167,7 +167,7 @@ void MpiPoolCore::dispatch() {
   check_drained();
 }
 
-void MpiPoolCore::send_remote(std::size_t node, std::shared_ptr<Job> job) {
+void MpiPoolCore::send_remote(std::size_t node, const std::shared_ptr<Job>& job) {
   std::uint64_t id = next_job_++;
   Writer w;
   w.write(Kind::job);

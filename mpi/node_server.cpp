@@ -220,6 +220,7 @@ void ReplySink::chunk_done(std::size_t, const ElementRange& range, Reader& resul
                carried->block_at(static_cast<std::uint32_t>(blocks.size())))
       blocks.push_back(std::move(block));
   std::vector<std::uint64_t> sizes;
+  sizes.reserve(blocks.size());
   for (const auto& block : blocks) sizes.push_back(block->size());
   auto bytes = results.read_span(results.remaining());
   Writer w;
@@ -241,7 +242,7 @@ void ReplySink::chunk_failed(std::size_t, std::exception_ptr error) {
   w.write(Kind::failed);
   w.write(pool_);
   w.write(job_);
-  write_error(w, record_error(std::move(error)));
+  write_error(w, record_error(error));
   server_.send(std::move(w.buffer()));
   server_.forget(pool_, job_);
 }

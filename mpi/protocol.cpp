@@ -21,7 +21,7 @@ enum ErrorType : std::uint8_t {
 
 }  // namespace
 
-ErrorRecord record_error(std::exception_ptr error) {
+ErrorRecord record_error(const std::exception_ptr& error) {
   ErrorRecord record;
   try {
     std::rethrow_exception(error);

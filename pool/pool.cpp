@@ -14,9 +14,11 @@ Pool::Pool(PoolOptions options, detail::JobsDieWithWorker)
 Pool::~Pool() {
   if (!core_->in_owner_process()) {
     // A forked child's copy: its workers, fork server and descriptors are the parent's. Kept
-    // reachable, never run, so that nothing of the parent's is killed or closed from here.
+    // reachable, never run, so that nothing of the parent's is killed or closed from here. (Out
+    // of memory in a destructor ends the program.)
     static std::mutex mutex;
-    static auto* inherited = new std::vector<std::shared_ptr<detail::PoolCore>>;
+    static auto* inherited =
+        new std::vector<std::shared_ptr<detail::PoolCore>>;  // NOLINT(bugprone-unhandled-exception-at-new)
     std::lock_guard lock(mutex);
     inherited->push_back(std::move(core_));
     return;

@@ -125,6 +125,7 @@ std::optional<R> run(StreamNext<R> next) {
 template <class R>
 Task<void> show_progress(const Stream<R>& stream, std::string label = {}) {
   detail::ProgressLine line(std::move(label));
+  // NOLINTNEXTLINE(bugprone-use-after-move): clang-tidy 14 takes a co_await for a use of `label`
   const detail::Company* company = co_await detail::current_company{};
   while (!stream.finished() && !(company && company->work_over())) {
     line.draw(stream.progress());

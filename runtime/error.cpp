@@ -27,11 +27,11 @@ std::string describe_end(int exit_code, int signal) {
 
 }  // namespace
 
-RemoteError::RemoteError(std::string type_name, std::string message, pid_t worker_pid)
+RemoteError::RemoteError(const std::string& type_name, const std::string& message, pid_t worker_pid)
     : RaisedInWorker("forkpool: worker " + std::to_string(worker_pid) + " raised " + type_name + ": " + message,
                      type_name, message, worker_pid) {}
 
-InitializerError::InitializerError(std::string type_name, std::string message, pid_t worker_pid)
+InitializerError::InitializerError(const std::string& type_name, const std::string& message, pid_t worker_pid)
     : RaisedInWorker("forkpool: the pool's initializer raised " + type_name + ": " + message + " (in worker " +
                          std::to_string(worker_pid) + ")",
                      type_name, message, worker_pid) {}

@@ -36,13 +36,13 @@ class RaisedInWorker : public Error {
 // std::runtime_error: bad input"; message() is the remote what() alone.
 class RemoteError : public detail::RaisedInWorker {
  public:
-  RemoteError(std::string type_name, std::string message, pid_t worker_pid);
+  RemoteError(const std::string& type_name, const std::string& message, pid_t worker_pid);
 };
 
 // The pool's initializer threw in a worker: its type and message, as RemoteError gives them.
 class InitializerError : public detail::RaisedInWorker {
  public:
-  InitializerError(std::string type_name, std::string message, pid_t worker_pid);
+  InitializerError(const std::string& type_name, const std::string& message, pid_t worker_pid);
 };
 
 // The worker running the task died. Exactly one of exit_code() and signal() is meaningful:

@@ -58,7 +58,10 @@ namespace {
 std::atomic<const ForkHooks*> fork_hooks{nullptr};
 }  // namespace
 
-void set_fork_hooks(ForkHooks hooks) noexcept { fork_hooks.store(new ForkHooks(hooks)); }  // kept for ever
+// Kept for ever. Out of memory this early ends the program, as from any noexcept function.
+void set_fork_hooks(ForkHooks hooks) noexcept {
+  fork_hooks.store(new ForkHooks(hooks));  // NOLINT(bugprone-unhandled-exception-at-new)
+}
 
 pid_t fork_flushed() noexcept {
   fflush(nullptr);
@@ -103,8 +106,8 @@ void set_cmdline(const std::string& name) noexcept {
   auto* area = reinterpret_cast<char*>(arg_start);
   std::size_t size = arg_end - arg_start;
   std::size_t n = std::min(name.size(), size - 1);
-  memcpy(area, name.data(), n);
-  memset(area + n, 0, size - n);
+  std::copy_n(name.data(), n, area);
+  std::fill(area + n, area + size, '\0');
 }
 
 }  // namespace
@@ -206,6 +209,7 @@ std::vector<std::string> spawn_program;  // empty: our own executable and argume
 
 std::vector<char*> pointers_to(std::vector<std::string>& strings) {
   std::vector<char*> pointers;
+  pointers.reserve(strings.size() + 1);
   for (auto& s : strings) pointers.push_back(s.data());
   pointers.push_back(nullptr);
   return pointers;

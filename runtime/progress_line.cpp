@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cmath>
 #include <string>
 
 namespace forkpool::detail {
@@ -19,7 +20,7 @@ double items_per_second(std::size_t done, std::chrono::steady_clock::time_point 
 }
 
 // The rate as shown: "?" while it is not known yet.
-std::string rate_text(double rate) { return rate > 0 ? std::to_string(static_cast<long long>(rate + 0.5)) : "?"; }
+std::string rate_text(double rate) { return rate > 0 ? std::to_string(std::llround(rate)) : "?"; }
 
 // Without a total there are no tenths: a line this often instead.
 constexpr std::chrono::seconds kUnknownTotalEvery{5};

@@ -19,6 +19,7 @@ namespace forkpool {
 template <class R>
 Task<void> show_progress(const AsyncResult<R>& result, std::string label = {}) {
   detail::ProgressLine line(std::move(label));
+  // NOLINTNEXTLINE(bugprone-use-after-move): clang-tidy 14 takes a co_await for a use of `label`
   const detail::Company* company = co_await detail::current_company{};
   while (!co_await result.async_wait(line.interval())) {
     if (company && company->work_over()) break;

@@ -50,11 +50,11 @@ SharedMemory SharedMemory::map(std::string name, int fd, bool track) {
   if (fstat(fd, &st) != 0) detail::throw_last_errno("forkpool: SharedMemory: fstat");
   if (!S_ISREG(st.st_mode)) throw ProtocolError("forkpool: SharedMemory: " + name + " is not a shared memory block");
   auto size = static_cast<std::size_t>(st.st_size);
-  auto block = std::make_shared<Block>(Block{name, std::move(owned), detail::Mapping(), size});
-  if (size > 0) block->mapping = detail::Mapping::map(fd, size, PROT_READ | PROT_WRITE);
+  detail::Mapping mapping;
+  if (size > 0) mapping = detail::Mapping::map(fd, size, PROT_READ | PROT_WRITE);
   // Tracked until this process ends: the block lives while a process that used it lives.
   if (track && detail::is_segment_name(name)) detail::track_segment_name(name);
-  return SharedMemory(std::move(block));
+  return SharedMemory(std::make_shared<Block>(Block{std::move(name), std::move(owned), std::move(mapping), size}));
 }
 
 SharedMemory SharedMemory::create(std::string name, std::size_t size, bool outlive) {

@@ -62,7 +62,8 @@ class Tensor {
   // Copies `values` once into new shared storage; numel of `shape` must equal values.size().
   template <class T>
   static Tensor from(std::span<const T> values, std::vector<std::int64_t> shape) {
-    Tensor t = empty(std::move(shape), dtype_of<T>());
+    DType dtype = dtype_of<T>();
+    Tensor t = empty(std::move(shape), dtype);
     if (static_cast<std::size_t>(t.numel()) != values.size())
       throw std::invalid_argument("forkpool: Tensor::from: " + std::to_string(values.size()) +
                                   " values for a shape of " + std::to_string(t.numel()) + " elements");

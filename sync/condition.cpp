@@ -57,7 +57,7 @@ bool Condition::wait_for(std::unique_lock<Lock>& held, std::chrono::nanoseconds 
 bool Condition::wait_for(std::unique_lock<RLock>& held, std::chrono::nanoseconds timeout) {
   check_held(held, "Condition::wait");
   // glibc keeps a recursive mutex's depth beside its owner: how often this thread took it.
-  return release_and_wait(lock_.page_->as<detail::LockState>()->mutex.__data.__count, timeout);
+  return release_and_wait(static_cast<int>(lock_.page_->as<detail::LockState>()->mutex.__data.__count), timeout);
 }
 
 bool Condition::release_and_wait(int depth, std::chrono::nanoseconds timeout) {

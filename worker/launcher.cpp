@@ -198,7 +198,7 @@ enum ProgramServerRequest : std::uint16_t { kStartForkServer = 1 };
 using StartForkServer = std::tuple<int, std::uint64_t, std::string, ObjectRecord>;
 
 [[noreturn]] void program_server_main(pid_t parent, UniqueFd control_fd,
-                                      std::shared_ptr<const std::set<std::uintptr_t>> own) noexcept {
+                                      const std::shared_ptr<const std::set<std::uintptr_t>>& own) noexcept {
   int fd = become_helper_process("forkpool-server", parent, control_fd.release());
   Channel control{UniqueFd(fd)};
   ZygoteChildren children(/*keep_status=*/false);

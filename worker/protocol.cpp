@@ -79,7 +79,7 @@ void expect_result_count(Reader& results, const ElementRange& range, std::size_t
 ObjectRecord record_of(const LoadedObject& object) { return {object.path, object.build_id, object.base, object.size}; }
 
 LoadedObject object_of(ObjectRecord record) {
-  auto& [path, build_id, base, size] = record;
+  auto [path, build_id, base, size] = std::move(record);
   return {std::move(path), std::move(build_id), static_cast<std::uintptr_t>(base), static_cast<std::uintptr_t>(size)};
 }
 

@@ -16,9 +16,9 @@
 
 namespace forkpool::detail {
 
-inline constexpr std::size_t kMinSpareBytes = 16 * 1024;
-inline constexpr std::size_t kMaxSpareBuffer = 8 * 1024 * 1024;
-inline constexpr std::size_t kMaxSpareBytes = 64 * 1024 * 1024;
+inline constexpr std::size_t kMinSpareBytes = std::size_t{16} * 1024;
+inline constexpr std::size_t kMaxSpareBuffer = std::size_t{8} * 1024 * 1024;
+inline constexpr std::size_t kMaxSpareBytes = std::size_t{64} * 1024 * 1024;
 inline constexpr std::size_t kMaxSmallSpare = 1024;
 inline constexpr std::size_t kMaxSmallSpares = 1024;
 

@@ -36,7 +36,7 @@
 namespace forkpool::detail {
 
 // Each direction's ring holds this many bytes of entries.
-inline constexpr std::size_t kLinkRingCapacity = 128 * 1024;
+inline constexpr std::size_t kLinkRingCapacity = std::size_t{128} * 1024;
 // Ring 0 carries the parent's messages to the worker, ring 1 the worker's to the parent.
 inline constexpr int kToWorker = 0;
 inline constexpr int kToParent = 1;

@@ -68,7 +68,7 @@ class MpiPoolCore final : public forkpool::detail::PoolCore, public std::enable_
   void enqueue(std::shared_ptr<Job> job);
   void dispatch();
   std::size_t pick_node(const Job& job) const;
-  void send_remote(std::size_t node, std::shared_ptr<Job> job);
+  void send_remote(std::size_t node, const std::shared_ptr<Job>& job);
   void finish_remote(std::uint64_t id);
   void on_done(int source, Reader& r);
   void on_failed(Reader& r);

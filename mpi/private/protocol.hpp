@@ -53,7 +53,7 @@ struct ErrorRecord {
   std::int32_t exit_code = 0;
   std::int32_t signal = 0;
 };
-ErrorRecord record_error(std::exception_ptr error);
+ErrorRecord record_error(const std::exception_ptr& error);
 std::exception_ptr rebuild_error(const ErrorRecord& record);
 void write_error(Writer& w, const ErrorRecord& record);
 ErrorRecord read_error(Reader& r);

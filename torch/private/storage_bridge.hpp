@@ -26,7 +26,7 @@ const Holder& holder_of(const c10::DataPtr& data);
 
 struct HeldStorage final : c10::StorageImpl {
   explicit HeldStorage(Holder storage)
-      : c10::StorageImpl(use_byte_size_t(), storage->size(),
+      : c10::StorageImpl(use_byte_size_t(), static_cast<std::int64_t>(storage->size()),
                          // (the member's address is known before it is built; it is read after)
                          c10::DataPtr(storage->data(), &holder, &held_by_its_storage_impl, c10::Device(c10::kCPU)),
                          nullptr, false),

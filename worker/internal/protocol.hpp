@@ -49,12 +49,9 @@
 #include <forkpool/shm/sharing.hpp>
 #include <forkpool/runtime/task.hpp>
 
-namespace forkpool {
-struct Message;
-}
-
 namespace forkpool::detail {
 
+struct Message;
 class PeerMemory;
 struct LoadedObject;
 
@@ -113,7 +110,7 @@ struct RunningSlot {
     return false;
   }
 };
-inline constexpr std::size_t kRunningSlotBytes = 9 * 4096;
+inline constexpr std::size_t kRunningSlotBytes = std::size_t{9} * 4096;
 static_assert(sizeof(RunningSlot) <= kRunningSlotBytes);
 
 // A chunk is sent whole; when its worker dies, the part before the element that was running and
