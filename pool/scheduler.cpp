@@ -1,9 +1,6 @@
 #include <forkpool/pool/private/scheduler.hpp>
 
-#include <time.h>
-
 #include <algorithm>
-#include <type_traits>
 
 #include <forkpool/pool/private/pool_worker.hpp>
 
@@ -12,21 +9,6 @@ namespace forkpool::detail {
 // A worker is sent no more once its jobs hold half the claim words (PoolWorker::has_claim_words_left):
 // a full window alone never comes to that.
 static_assert(kDeepJobsPerWorker < RunningSlot::kClaims / 2 && kDeepLongJobsPerWorker < RunningSlot::kClaims / 2);
-
-// The coarse clock is the kernel's time at its last tick, without reading the clock source (3 ns,
-// where a steady_clock read costs 21 on these VMs); it counts the same monotonic time and lags by
-// under a tick, which is added.
-Clock::time_point no_earlier_than_now() noexcept {
-  static const std::chrono::nanoseconds tick = [] {
-    timespec resolution{};
-    clock_getres(CLOCK_MONOTONIC_COARSE, &resolution);
-    return std::chrono::seconds(resolution.tv_sec) + std::chrono::nanoseconds(resolution.tv_nsec);
-  }();
-  static_assert(std::is_same_v<Clock, std::chrono::steady_clock>);  // CLOCK_MONOTONIC, as the coarse one
-  timespec coarse{};
-  clock_gettime(CLOCK_MONOTONIC_COARSE, &coarse);
-  return Clock::time_point(std::chrono::seconds(coarse.tv_sec) + std::chrono::nanoseconds(coarse.tv_nsec) + tick);
-}
 
 void Scheduler::worker_started(const PoolWorker& worker) {
   auto id = static_cast<std::size_t>(worker.index());
@@ -89,15 +71,16 @@ PoolWorker* Scheduler::pick(Workers workers, const Job& job, bool driving) {
 
 void Scheduler::sent(const PoolWorker& worker, bool was_idle) {
   if (!was_idle) return;
-  // It starts this one at once. (Its deadline needs the time now, where now() may be a drain's
-  // old one: no_earlier_than_now.)
+  // It starts this one at once. (Its deadline needs the true time, where now() may be a drain's
+  // old one. Not the coarse clock: it lags by more than its tick, 6 ms seen here, and a job sent
+  // a moment ago would look stuck, and be moved back and forth.)
   Schedule& s = schedule(worker);
   Clock::time_point time = now();
   close_drain(s);        // what it finished before, on its own
   s.window_mark = time;  // time idle says nothing of its jobs' length
   s.drain_mark = time;
   s.finished_since_mark = 0;
-  s.running_since = no_earlier_than_now();
+  s.running_since = Clock::now();
 }
 
 void Scheduler::finished(const PoolWorker& worker, bool takes_up_next) {
@@ -119,7 +102,7 @@ void Scheduler::finished(const PoolWorker& worker, bool takes_up_next) {
     s.window_mark = time;
     s.finished_since_mark = 0;
   }
-  if (takes_up_next) s.running_since = no_earlier_than_now();
+  if (takes_up_next) s.running_since = Clock::now();
 }
 
 // A worker left with one job or none, while another has two or more it has not taken up behind
@@ -149,7 +132,7 @@ Scheduler::Move Scheduler::move_for_idle(Workers workers, bool driving) {
     bool worth_moving = jobs_are_long(s) || held > s.window || stuck;
     // Jobs wait at a worker whose job may yet turn out stuck (a stopped worker's last job too,
     // with no other reply coming to make us look): look again when it would be.
-    if (!worth_moving && !long_running && held > 0) {
+    if (!long_running && held > 0) {
       Clock::time_point when = s.running_since + kStuckJob;
       turns_stuck = turns_stuck ? std::min(*turns_stuck, when) : when;
     }
@@ -157,13 +140,15 @@ Scheduler::Move Scheduler::move_for_idle(Workers workers, bool driving) {
       busiest = w.get();
   }
   move.long_running = long_running_;
-  // Nothing to move now, but a job may turn out stuck: look again then.
-  if (idle && (!busiest || busiest == idle) && turns_stuck) move.look_again_at = turns_stuck;
+  // Nothing to move now, but a job may turn out stuck: look again then. (Also when the busiest
+  // holds one job more than the idle one: it moves once that job turns out stuck.)
+  if (idle && turns_stuck) move.look_again_at = turns_stuck;
   if (!idle || !busiest || idle == busiest) return move;
   std::size_t gap = busiest->in_flight().size() - idle->in_flight().size();
   // Behind a stuck job, even its one job in flight moves, if the worker has not taken it up (a
   // stopped worker): it would wait there, however long that one runs.
   if (gap < (runs_stuck_job(*busiest) ? 1 : 2)) return move;
+  move.look_again_at.reset();
   move.from = busiest;
   move.jobs = std::min(std::max<std::size_t>(gap / 2, 1), window_of(*idle, driving) - idle->in_flight().size());
   return move;

@@ -1027,8 +1027,11 @@ TEST(SchedulerTest, QueuedTasksNeverWaitBehindAStuckTaskWhileAnotherWorkerIdles)
 // Warms `pool` (both workers serve) with `tasks` tasks, then stops its first worker (SIGSTOP) and
 // waits until it is stopped, before anything more is sent (a task it took up before would wait
 // for it: it runs there). Its pid.
-pid_t stop_first_worker_after(Pool& pool, int tasks) {
-  EXPECT_EQ(pool.map_async(square, std::vector<int>(tasks, 2), 1).get(20s), std::vector<int>(tasks, 4));
+pid_t stop_first_worker_after(Pool& pool, int tasks, int ms_each = 0) {
+  if (ms_each > 0)
+    EXPECT_EQ(pool.map_async(sleep_ms, std::vector<int>(tasks, ms_each), 1).get(20s), std::vector<int>(tasks, ms_each));
+  else
+    EXPECT_EQ(pool.map_async(square, std::vector<int>(tasks, 2), 1).get(20s), std::vector<int>(tasks, 4));
   pid_t stopped = pool.worker_pids().at(0);
   EXPECT_EQ(kill(stopped, SIGSTOP), 0);
   EXPECT_TRUE(test_support::eventually([&] { return test_support::process_state(stopped) == 'T'; }));
@@ -1048,10 +1051,16 @@ TEST(SchedulerTest, AMapFinishesWhileOneWorkerIsStopped) {
 }
 
 // The last job at a stopped worker, with nothing else in flight: no reply comes to make the pool
-// look at it again, so it must look again by itself once the job could be stuck.
-TEST(SchedulerTest, AJobLeftAloneAtAStoppedWorkerRunsElsewhere) {
+// look at it again, so it must look again by itself once the job could be stuck. Whether the
+// workers' jobs so far were short (a wide window) or long (a window of two, as under a sanitizer
+// or on a loaded machine, where a job of a few microseconds is judged long).
+class StoppedWorkerTest : public ::testing::TestWithParam<int> {};
+INSTANTIATE_TEST_SUITE_P(JobsSoFar, StoppedWorkerTest, ::testing::Values(0, 2),
+                         [](const auto& info) { return info.param == 0 ? "short" : "long"; });
+
+TEST_P(StoppedWorkerTest, AJobLeftAloneAtAStoppedWorkerRunsElsewhere) {
   Pool pool({.processes = 2});
-  pid_t stopped = stop_first_worker_after(pool, 100);
+  pid_t stopped = stop_first_worker_after(pool, 100, GetParam());
   ASSERT_FALSE(HasFailure());
   // Two at once: one is sent to each worker (both are idle).
   for (int round = 0; round < 5; ++round) {

@@ -40,11 +40,6 @@ inline constexpr auto kStuckJob = 20 * kShortJob;
 inline constexpr std::size_t kDeepJobsPerWorker = 64;
 inline constexpr std::size_t kDeepLongJobsPerWorker = 1024;
 
-// When a job starts, for its task_timeout deadline: a time never before the true one, so that no
-// task is stopped early, read cheaply (the coarse clock plus a tick), since it is read on every
-// round trip. A deadline may then fall up to a tick late (1-4 ms).
-Clock::time_point no_earlier_than_now() noexcept;
-
 class Scheduler {
  public:
   using Workers = std::span<const std::shared_ptr<PoolWorker>>;
