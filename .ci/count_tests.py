@@ -2,28 +2,18 @@
 a meson test that failed without reporting a failing case (a crash, a timeout) counts once more.
 A directory holding `job-result` (a job that is not a meson suite: .ci/task deb) counts as one
 test that passed or failed. A directory holding `task-failed` (its .ci/task failed: a build that
-broke, which no test log reports) counts one failed test more."""
+broke, which no test log reports) counts one failed test more. A build's logs are testlog.json,
+or testlog-<setup>.json where `meson test --setup <setup>` ran (asan, tsan)."""
+import glob
 import json
 import os
 import sys
 import xml.etree.ElementTree as ET
 
-passed = failed = skipped = 0
-for build in sys.argv[1:]:
-    if os.path.exists(os.path.join(build, "task-failed")):
-        failed += 1
-    job_result = os.path.join(build, "job-result")
-    if os.path.exists(job_result):
-        with open(job_result) as f:
-            if f.read().strip() == "pass":
-                passed += 1
-            else:
-                failed += 1
-        continue
-    logs = os.path.join(build, "meson-logs")
-    junit, jsonl = os.path.join(logs, "testlog.junit.xml"), os.path.join(logs, "testlog.json")
-    if not os.path.exists(jsonl):
-        continue
+
+def count_log(jsonl, junit):
+    """(passed, failed, skipped) of one meson test log and its JUnit twin."""
+    passed = failed = skipped = 0
     failing_cases = {}
     if os.path.exists(junit):
         for suite in ET.parse(junit).getroot().iter("testsuite"):
@@ -45,4 +35,22 @@ for build in sys.argv[1:]:
                 skipped += 1
             elif entry["result"] == "OK" and entry.get("protocol") != "gtest" and "fuzz" in entry["name"]:
                 passed += 1
+    return passed, failed, skipped
+
+
+passed = failed = skipped = 0
+for build in sys.argv[1:]:
+    if os.path.exists(os.path.join(build, "task-failed")):
+        failed += 1
+    job_result = os.path.join(build, "job-result")
+    if os.path.exists(job_result):
+        with open(job_result) as f:
+            if f.read().strip() == "pass":
+                passed += 1
+            else:
+                failed += 1
+        continue
+    for jsonl in sorted(glob.glob(os.path.join(build, "meson-logs", "testlog*.json"))):
+        p, f, s = count_log(jsonl, jsonl[: -len(".json")] + ".junit.xml")
+        passed, failed, skipped = passed + p, failed + f, skipped + s
 print(f"{passed} passed, {failed} failed, {skipped} skipped")
