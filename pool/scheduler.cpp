@@ -80,7 +80,7 @@ void Scheduler::sent(const PoolWorker& worker, bool was_idle) {
   s.window_mark = time;  // time idle says nothing of its jobs' length
   s.drain_mark = time;
   s.finished_since_mark = 0;
-  s.running_since = Clock::now();
+  s.running_since = true_time(time);
 }
 
 void Scheduler::finished(const PoolWorker& worker, bool takes_up_next) {
@@ -102,7 +102,7 @@ void Scheduler::finished(const PoolWorker& worker, bool takes_up_next) {
     s.window_mark = time;
     s.finished_since_mark = 0;
   }
-  if (takes_up_next) s.running_since = Clock::now();
+  if (takes_up_next) s.running_since = true_time(time);
 }
 
 // A worker left with one job or none, while another has two or more it has not taken up behind
@@ -140,17 +140,19 @@ Scheduler::Move Scheduler::move_for_idle(Workers workers, bool driving) {
       busiest = w.get();
   }
   move.long_running = long_running_;
-  // Nothing to move now, but a job may turn out stuck: look again then. (Also when the busiest
-  // holds one job more than the idle one: it moves once that job turns out stuck.)
-  if (idle && turns_stuck) move.look_again_at = turns_stuck;
-  if (!idle || !busiest || idle == busiest) return move;
-  std::size_t gap = busiest->in_flight().size() - idle->in_flight().size();
-  // Behind a stuck job, even its one job in flight moves, if the worker has not taken it up (a
-  // stopped worker): it would wait there, however long that one runs.
-  if (gap < (runs_stuck_job(*busiest) ? 1 : 2)) return move;
-  move.look_again_at.reset();
-  move.from = busiest;
-  move.jobs = std::min(std::max<std::size_t>(gap / 2, 1), window_of(*idle, driving) - idle->in_flight().size());
+  if (idle && busiest && idle != busiest) {
+    std::size_t gap = busiest->in_flight().size() - idle->in_flight().size();
+    // Behind a stuck job, even its one job in flight moves, if the worker has not taken it up (a
+    // stopped worker): it would wait there, however long that one runs.
+    if (gap >= (runs_stuck_job(*busiest) ? 1 : 2)) {
+      move.from = busiest;
+      move.jobs = std::min(std::max<std::size_t>(gap / 2, 1), window_of(*idle, driving) - idle->in_flight().size());
+      return move;
+    }
+  }
+  // Nothing moves now, but a job may turn out stuck (also the one job the busiest holds more than
+  // the idle one): look again then.
+  if (idle) move.look_again_at = turns_stuck;
   return move;
 }
 

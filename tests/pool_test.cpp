@@ -1024,14 +1024,11 @@ TEST(SchedulerTest, QueuedTasksNeverWaitBehindAStuckTaskWhileAnotherWorkerIdles)
   pool.terminate();
 }
 
-// Warms `pool` (both workers serve) with `tasks` tasks, then stops its first worker (SIGSTOP) and
-// waits until it is stopped, before anything more is sent (a task it took up before would wait
-// for it: it runs there). Its pid.
+// Warms `pool` (both workers serve) with `tasks` tasks of `ms_each` ms (0: a few microseconds),
+// then stops its first worker (SIGSTOP) and waits until it is stopped, before anything more is
+// sent (a task it took up before would wait for it: it runs there). Its pid.
 pid_t stop_first_worker_after(Pool& pool, int tasks, int ms_each = 0) {
-  if (ms_each > 0)
-    EXPECT_EQ(pool.map_async(sleep_ms, std::vector<int>(tasks, ms_each), 1).get(20s), std::vector<int>(tasks, ms_each));
-  else
-    EXPECT_EQ(pool.map_async(square, std::vector<int>(tasks, 2), 1).get(20s), std::vector<int>(tasks, 4));
+  EXPECT_EQ(pool.map_async(sleep_ms, std::vector<int>(tasks, ms_each), 1).get(20s), std::vector<int>(tasks, ms_each));
   pid_t stopped = pool.worker_pids().at(0);
   EXPECT_EQ(kill(stopped, SIGSTOP), 0);
   EXPECT_TRUE(test_support::eventually([&] { return test_support::process_state(stopped) == 'T'; }));

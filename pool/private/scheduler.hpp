@@ -134,6 +134,8 @@ class Scheduler {
     if (!held_time_) held_time_ = Clock::now();
     return *held_time_;
   }
+  // The true time, given what now() said: that, unless sends are held (a drain's old time).
+  Clock::time_point true_time(Clock::time_point from_now) const { return holds_ == 0 ? from_now : Clock::now(); }
   bool may_take(const PoolWorker& worker) const noexcept { return worker.accepts_jobs() && !worker.ring_full(); }
 
   bool jobs_may_move_;
