@@ -169,7 +169,11 @@ bool PoolWorker::has_claim_words_left() noexcept {
 bool PoolWorker::has_unsettled_work() noexcept {
   if (!in_flight_.empty()) return true;
   forget_passed_withdrawn();
-  return !withdrawn_.empty();
+  if (withdrawn_.empty()) return false;
+  // The one it stored the id of last it has reached (only its claim word may not be exchanged
+  // yet): an idle worker whose newest job was taken back is not held up.
+  std::uint64_t read = slot().request_id.load(std::memory_order_acquire);
+  return std::any_of(withdrawn_.begin(), withdrawn_.end(), [read](std::uint64_t id) { return id > read; });
 }
 
 void PoolWorker::check_ring() noexcept {

@@ -1059,12 +1059,16 @@ TEST_P(StoppedWorkerTest, AJobLeftAloneAtAStoppedWorkerRunsElsewhere) {
   Pool pool({.processes = 2});
   pid_t stopped = stop_first_worker_after(pool, 100, GetParam());
   ASSERT_FALSE(HasFailure());
-  // Two at once: one is sent to each worker (both are idle).
+  // Two at once: one is sent to each worker (both are idle). A job is judged stuck after
+  // kStuckJob (1 ms): a second is ample, where a job passed back and forth between the two until
+  // the stopped worker ran out of claim words took 2 s.
   for (int round = 0; round < 5; ++round) {
+    auto started = std::chrono::steady_clock::now();
     auto first = pool.apply_async(square, round);
     auto second = pool.apply_async(square, round + 1);
     EXPECT_EQ(first.get(10s), round * round);
     EXPECT_EQ(second.get(10s), (round + 1) * (round + 1));
+    EXPECT_LT(std::chrono::steady_clock::now() - started, test_support::scaled(1s)) << "round " << round;
   }
   kill(stopped, SIGCONT);
 }
